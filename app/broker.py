@@ -1,0 +1,241 @@
+"""A real single-node Apache Kafka broker (KRaft, broker + controller in one JVM), run from the
+jars that ``infra/fetch-jars.sh`` fetched from Maven Central.
+
+``start`` formats the storage on first use, launches ``kafka.Kafka`` in its own process group,
+and returns only once the broker answers a metadata request; ``stop`` asks it to shut down
+(SIGTERM: a controlled shutdown) and escalates to SIGKILL only if it does not. Everything lives
+under one data folder (config, logs, data, pid file), so a test can run its own broker in a
+temporary folder on free ports beside the one ``adattr up`` runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+
+INFRA = Path(__file__).resolve().parent.parent / "infra" / "kafka"
+
+
+class BrokerError(RuntimeError):
+    pass
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still "exists"; treat it as dead.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    running: bool
+    pid: int | None
+    bootstrap: str
+    data_dir: Path
+
+    def describe(self) -> str:
+        if self.running:
+            return (
+                f"kafka: running, pid {self.pid}, bootstrap {self.bootstrap}, "
+                f"data and logs in {self.data_dir}"
+            )
+        return f"kafka: not running (data folder {self.data_dir})"
+
+
+@dataclass(frozen=True)
+class LocalBroker:
+    data_dir: Path
+    jars_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 9092
+    controller_port: int = 9093
+    heap: str = "768m"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.data_dir / "kafka.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "logs" / "server.log"
+
+    def _pid(self) -> int | None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if _pid_alive(pid) else None
+
+    def status(self) -> BrokerStatus:
+        pid = self._pid()
+        return BrokerStatus(pid is not None, pid, self.bootstrap, self.data_dir.resolve())
+
+    def _java(self, main: str, *args: str) -> list[str]:
+        kafka_jars = self.jars_dir / "kafka"
+        if not any(kafka_jars.glob("kafka_2.13-*.jar")):
+            raise BrokerError(
+                f"no Kafka broker jars in {kafka_jars}; run `bash infra/setup.sh` first"
+            )
+        return [
+            "java",
+            f"-Xmx{self.heap}",
+            "-Xms256m",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={INFRA / 'log4j2.properties'}",
+            f"-Dkafka.logs.dir={self.log_file.parent}",
+            "-cp",
+            f"{kafka_jars}/*",
+            main,
+            *args,
+        ]
+
+    def _write_config(self) -> Path:
+        config = self.data_dir / "server.properties"
+        text = Template((INFRA / "server.properties").read_text()).substitute(
+            host=self.host,
+            port=self.port,
+            controller_port=self.controller_port,
+            log_dirs=self.data_dir.resolve() / "data",
+        )
+        config.write_text(text)
+        return config
+
+    def _format_once(self, config: Path) -> None:
+        if (self.data_dir / "data" / "meta.properties").exists():
+            return
+        # A Kafka cluster id is a random UUID in URL-safe base64 without padding.
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        done = subprocess.run(
+            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise BrokerError(f"formatting Kafka storage failed:\n{done.stdout}{done.stderr}")
+
+    def start(self, timeout: float = 90.0) -> BrokerStatus:
+        current = self.status()
+        if current.running:
+            wait_until_ready(self.bootstrap, timeout)
+            return current
+        for port in (self.port, self.controller_port):
+            if not port_is_free(self.host, port):
+                raise BrokerError(
+                    f"port {self.host}:{port} is already taken by another process; stop it, or "
+                    "point ADATTR_BOOTSTRAP_SERVERS / ADATTR_KAFKA_CONTROLLER_PORT at free ports"
+                )
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        config = self._write_config()
+        self._format_once(config)
+        console = open(self.data_dir / "logs" / "console.out", "ab")
+        with console:
+            proc = subprocess.Popen(
+                self._java("kafka.Kafka", str(config)),
+                stdout=console,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.pid_file.write_text(str(proc.pid))
+        try:
+            wait_until_ready(self.bootstrap, timeout, alive=lambda: proc.poll() is None)
+        except BrokerError:
+            self.stop()
+            raise
+        return self.status()
+
+    def stop(self, timeout: float = 60.0) -> bool:
+        """Stops the broker; True if one was running."""
+        pid = self._pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            _reap(pid)
+            time.sleep(0.1)
+        if _pid_alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+            while _pid_alive(pid):
+                _reap(pid)
+                time.sleep(0.05)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def tail_log(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no broker log yet)"
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def wait_until_ready(
+    bootstrap: str, timeout: float, alive: Callable[[], bool] = lambda: True
+) -> None:
+    """Returns once the broker answers a metadata request; raises BrokerError otherwise."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        if not alive():
+            raise BrokerError(f"the Kafka broker at {bootstrap} exited while starting")
+        try:
+            metadata = admin.list_topics(timeout=2)
+            if metadata.brokers:
+                return
+        except Exception as exc:
+            last_error = exc
+        time.sleep(0.2)
+    raise BrokerError(
+        f"the Kafka broker at {bootstrap} did not answer within {timeout:.0f}s: {last_error}"
+    )

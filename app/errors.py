@@ -1,0 +1,22 @@
+"""Errors a user can cause and fix (bad config, broker down, bad input files).
+
+The CLI prints these as one clear line instead of a stack trace.
+"""
+
+from __future__ import annotations
+
+from app.broker import BrokerError
+from app.settings import SettingsError
+from app.spark import MissingJarsError
+
+
+class UserInputError(ValueError):
+    """Bad input from the user (a CSV, a flag value); the message names the row or flag."""
+
+
+USER_ERRORS: tuple[type[Exception], ...] = (
+    BrokerError,
+    MissingJarsError,
+    SettingsError,
+    UserInputError,
+)

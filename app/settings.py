@@ -1,0 +1,160 @@
+"""Typed settings, read once at the CLI edge from ``ADATTR_*`` environment variables.
+
+Every setting has a loopback/local default so that the embedded stack (local Spark, a local
+Kafka broker, Delta on local disk) works with no configuration at all. An ``ADATTR_*`` variable
+that is not a known setting, or a value that does not parse, is rejected with a message naming
+the variable: a typo must never silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PREFIX = "ADATTR_"
+# Read by shell scripts (infra/setup.sh), not by the application; accepted so they do not trip
+# the unknown-variable check.
+SCRIPT_ONLY = frozenset({"ADATTR_PYTHON"})
+STATE_STORES = ("rocksdb", "hdfs")
+_DURATION = re.compile(r"^\s*(\d+)\s*(second|minute|hour|day)s?\s*$")
+_UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+class SettingsError(ValueError):
+    """A setting is unknown or malformed; the message names the variable and the fix."""
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def parse_duration_seconds(text: str) -> int:
+    """``'10 minutes'`` -> 600. Raises ``ValueError`` on anything else."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"expected '<n> seconds|minutes|hours|days', got {text!r}")
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+@dataclass(frozen=True)
+class Settings:
+    bootstrap_servers: str = field(
+        default="127.0.0.1:9092", metadata={"doc": "Kafka bootstrap servers (host:port,...)"}
+    )
+    warehouse: Path = field(
+        default=Path("warehouse"), metadata={"doc": "root of the Delta tables: <warehouse>/<table>"}
+    )
+    checkpoints: Path = field(
+        default=Path("checkpoints"), metadata={"doc": "root of the streaming checkpoints"}
+    )
+    input_topic: str = field(default="ad-events", metadata={"doc": "topic the ad events arrive on"})
+    output_topic: str = field(default="ad-metrics", metadata={"doc": "topic the metrics go out on"})
+    control_topic: str = field(
+        default="adattr-control", metadata={"doc": "compacted topic of per-batch commit markers"}
+    )
+    input_partitions: int = field(default=4, metadata={"doc": "partitions of the input topic"})
+    data_dir: Path = field(
+        default=Path(".adattr"), metadata={"doc": "local broker data, logs and pid files"}
+    )
+    jars_dir: Path = field(
+        default=_repo_root() / "infra" / ".jars",
+        metadata={"doc": "where infra/fetch-jars.sh put the JVM jars"},
+    )
+    kafka_controller_port: int = field(
+        default=9093, metadata={"doc": "KRaft controller port of the local broker"}
+    )
+    spark_master: str = field(default="local[*]", metadata={"doc": "Spark master URL"})
+    spark_driver_memory: str = field(default="2g", metadata={"doc": "driver JVM heap"})
+    spark_ui: bool = field(default=False, metadata={"doc": "start the Spark UI"})
+    shuffle_partitions: int = field(
+        default=4, metadata={"doc": "spark.sql.shuffle.partitions (and state store partitions)"}
+    )
+    state_store: str = field(
+        default="rocksdb", metadata={"doc": "state store backend: rocksdb (default) or hdfs"}
+    )
+    watermark_delay: str = field(
+        default="10 minutes", metadata={"doc": "event-time watermark delay (dedup, late data)"}
+    )
+    max_record_bytes: int = field(
+        default=16384, metadata={"doc": "Kafka values larger than this are quarantined"}
+    )
+    max_offsets_per_trigger: int = field(
+        default=0, metadata={"doc": "cap on records per micro-batch (0 = no cap)"}
+    )
+    trigger_interval: str = field(
+        default="1 second", metadata={"doc": "processing-time trigger of 'adattr run'"}
+    )
+
+    @property
+    def watermark_delay_seconds(self) -> int:
+        return parse_duration_seconds(self.watermark_delay)
+
+    def table_path(self, name: str) -> str:
+        return str((self.warehouse / name).resolve())
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Settings:
+        known = {f"{PREFIX}{f.name.upper()}": f for f in dataclasses.fields(cls)}
+        unknown = sorted(k for k in environ if k.startswith(PREFIX) and k not in known)
+        unknown = [k for k in unknown if k not in SCRIPT_ONLY]
+        if unknown:
+            raise SettingsError(
+                f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        values: dict[str, object] = {}
+        for var, f in known.items():
+            if var in environ:
+                values[f.name] = _convert(var, environ[var], f.type)
+        settings = cls(**values)  # type: ignore[arg-type]
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        def fail(name: str, why: str) -> None:
+            raise SettingsError(f"{PREFIX}{name.upper()}={getattr(self, name)!r}: {why}")
+
+        if not self.bootstrap_servers.strip():
+            fail("bootstrap_servers", "must name at least one host:port")
+        for hp in self.bootstrap_servers.split(","):
+            host, _, port = hp.strip().rpartition(":")
+            if not host or not port.isdigit():
+                fail("bootstrap_servers", f"{hp!r} is not host:port")
+        if self.state_store not in STATE_STORES:
+            fail("state_store", f"must be one of {', '.join(STATE_STORES)}")
+        for name in ("watermark_delay", "trigger_interval"):
+            try:
+                parse_duration_seconds(getattr(self, name))
+            except ValueError as exc:
+                fail(name, str(exc))
+        for name in ("input_partitions", "shuffle_partitions", "max_record_bytes"):
+            if getattr(self, name) < 1:
+                fail(name, "must be at least 1")
+        if self.max_offsets_per_trigger < 0:
+            fail("max_offsets_per_trigger", "must be 0 (no cap) or more")
+        for name in ("input_topic", "output_topic", "control_topic"):
+            if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", getattr(self, name)):
+                fail(name, "is not a valid Kafka topic name")
+
+
+def _convert(var: str, raw: str, kind: object) -> object:
+    kind_name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+    try:
+        if kind_name == "int":
+            return int(raw)
+        if kind_name == "bool":
+            lowered = raw.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected true/false")
+        if kind_name == "Path":
+            if not raw.strip():
+                raise ValueError("must not be empty")
+            return Path(raw)
+        return raw
+    except ValueError as exc:
+        raise SettingsError(f"{var}={raw!r}: {exc}") from None

@@ -1,0 +1,85 @@
+"""The one place a SparkSession is built.
+
+Locally (plain ``python``/``adattr``) the session gets Delta's extensions, the Kafka connector and
+Delta jars fetched by ``infra/fetch-jars.sh`` (explicit paths, so no network at run time), the
+chosen state store, UTC and a small number of shuffle partitions. Under ``spark-submit`` the
+master and the jars come from the command line and are left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from app.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+STATE_STORE_PROVIDERS = {
+    "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+}
+
+
+class MissingJarsError(RuntimeError):
+    pass
+
+
+def under_spark_submit() -> bool:
+    # spark-submit's PythonRunner hands the driver a ready gateway through this variable.
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def spark_jars(jars_dir: Path) -> list[str]:
+    spark_dir = jars_dir / "spark"
+    jars = sorted(str(p) for p in spark_dir.glob("*.jar"))
+    names = " ".join(Path(j).name for j in jars)
+    if "spark-sql-kafka" not in names or "delta-spark" not in names:
+        raise MissingJarsError(
+            f"the Kafka connector and Delta jars are not in {spark_dir}; "
+            "run `bash infra/setup.sh` (or infra/fetch-jars.sh) first"
+        )
+    return jars
+
+
+def spark_conf(settings: Settings, *, submitted: bool = False) -> dict[str, str]:
+    """The session configuration, as plain data (unit-tested without a JVM)."""
+    conf = {
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        "spark.sql.streaming.stateStore.providerClass": STATE_STORE_PROVIDERS[settings.state_store],
+        # Changelog checkpointing uploads only the changes of each batch instead of a RocksDB
+        # snapshot, which keeps the per-batch commit cheap on small, frequent micro-batches.
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        "spark.ui.enabled": str(settings.spark_ui).lower(),
+        "spark.ui.showConsoleProgress": "false",
+        # The job is driven from Python; keep Delta's txn settings and MERGE on the driver path.
+        "spark.databricks.delta.schema.autoMerge.enabled": "false",
+        # Small local tables: more files than rows is the wrong trade on one machine.
+        "spark.databricks.delta.optimizeWrite.enabled": "false",
+        "spark.sql.adaptive.enabled": "true",
+    }
+    if not submitted:
+        conf["spark.master"] = settings.spark_master
+        conf["spark.driver.memory"] = settings.spark_driver_memory
+        conf["spark.jars"] = ",".join(spark_jars(settings.jars_dir))
+    return conf
+
+
+def build_spark(settings: Settings, app_name: str = "adattr") -> SparkSession:
+    # Spark's Python workers must use this interpreter (the venv), not whatever is on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in spark_conf(settings, submitted=under_spark_submit()).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One-time (and cheap to repeat) set-up: a virtual environment at .venv/ with the pinned Python
+# packages, then the JVM jars from Maven Central. A repeat with nothing changed takes seconds.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+py="${ADATTR_PYTHON:-python3.11}"
+command -v "$py" >/dev/null || py=python3
+command -v java >/dev/null || { echo "setup: java (17+) is not on PATH; install a JDK (apt-get install openjdk-17-jdk-headless)" >&2; exit 1; }
+command -v mvn >/dev/null || { echo "setup: mvn is not on PATH; install Maven (apt-get install maven)" >&2; exit 1; }
+
+want="$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.adattr-stamp 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing Python packages into .venv (first run only)..."
+  [ -x .venv/bin/python ] || "$py" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[dev]"
+  echo "$want" > .venv/.adattr-stamp
+else
+  echo "setup: .venv up to date"
+fi
+bash infra/fetch-jars.sh .venv/bin/python

@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from app.cli import build_parser, main
+
+
+def test_every_subcommand_has_help() -> None:
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert {"up", "down", "status"} <= set(commands)
+    for name in commands:
+        with pytest.raises(SystemExit) as exit_info:
+            main([name, "--help"])
+        assert exit_info.value.code == 0
+
+
+def test_bad_setting_is_one_clear_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "status"],
+        env={"ADATTR_WAREHOUS": "/tmp", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "unknown setting(s) ADATTR_WAREHOUS" in done.stderr
+    assert "Traceback" not in done.stderr

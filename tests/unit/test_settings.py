@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.settings import Settings, SettingsError
+from app.spark import STATE_STORE_PROVIDERS, MissingJarsError, spark_conf
+
+
+def test_defaults_are_loopback_and_local() -> None:
+    s = Settings.from_env({})
+    assert s.bootstrap_servers == "127.0.0.1:9092"
+    assert (s.warehouse, s.checkpoints) == (Path("warehouse"), Path("checkpoints"))
+    assert (s.input_topic, s.output_topic) == ("ad-events", "ad-metrics")
+    assert s.watermark_delay_seconds == 600
+
+
+def test_values_are_read_and_typed() -> None:
+    s = Settings.from_env(
+        {
+            "ADATTR_BOOTSTRAP_SERVERS": "localhost:19092,localhost:19093",
+            "ADATTR_WAREHOUSE": "/tmp/wh",
+            "ADATTR_SHUFFLE_PARTITIONS": "8",
+            "ADATTR_SPARK_UI": "yes",
+            "ADATTR_STATE_STORE": "hdfs",
+            "ADATTR_WATERMARK_DELAY": "2 hours",
+            "ADATTR_PYTHON": "python3.11",  # read by infra/setup.sh only
+            "OTHER": "ignored",
+        }
+    )
+    assert s.warehouse == Path("/tmp/wh")
+    assert s.shuffle_partitions == 8 and s.spark_ui is True
+    assert s.watermark_delay_seconds == 7200
+    assert s.table_path("dim_ads") == "/tmp/wh/dim_ads"
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"ADATTR_WAREHOSE": "/x"}, "ADATTR_WAREHOSE"),
+        ({"ADATTR_SHUFFLE_PARTITIONS": "four"}, "ADATTR_SHUFFLE_PARTITIONS"),
+        ({"ADATTR_SHUFFLE_PARTITIONS": "0"}, "ADATTR_SHUFFLE_PARTITIONS"),
+        ({"ADATTR_BOOTSTRAP_SERVERS": "nohost"}, "ADATTR_BOOTSTRAP_SERVERS"),
+        ({"ADATTR_STATE_STORE": "memory"}, "ADATTR_STATE_STORE"),
+        ({"ADATTR_WATERMARK_DELAY": "10m"}, "ADATTR_WATERMARK_DELAY"),
+        ({"ADATTR_SPARK_UI": "maybe"}, "ADATTR_SPARK_UI"),
+        ({"ADATTR_INPUT_TOPIC": "bad topic"}, "ADATTR_INPUT_TOPIC"),
+        ({"ADATTR_WAREHOUSE": ""}, "ADATTR_WAREHOUSE"),
+    ],
+)
+def test_bad_settings_name_the_variable(env: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match=named):
+        Settings.from_env(env)
+
+
+def test_spark_conf_local_and_submitted(tmp_path: Path) -> None:
+    jars = tmp_path / "spark"
+    jars.mkdir()
+    for name in ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "delta-spark_4.2_2.13-4.4.0.jar"):
+        (jars / name).write_bytes(b"")
+    s = Settings.from_env({"ADATTR_JARS_DIR": str(tmp_path), "ADATTR_STATE_STORE": "hdfs"})
+    local = spark_conf(s)
+    assert local["spark.master"] == "local[*]"
+    assert local["spark.jars"].count(".jar") == 2
+    assert local["spark.sql.streaming.stateStore.providerClass"] == STATE_STORE_PROVIDERS["hdfs"]
+    assert local["spark.sql.session.timeZone"] == "UTC"
+    submitted = spark_conf(s, submitted=True)
+    assert "spark.master" not in submitted and "spark.jars" not in submitted
+
+
+def test_missing_jars_say_how_to_fetch_them(tmp_path: Path) -> None:
+    s = Settings.from_env({"ADATTR_JARS_DIR": str(tmp_path)})
+    with pytest.raises(MissingJarsError, match="infra/setup.sh"):
+        spark_conf(s)
