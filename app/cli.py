@@ -6,12 +6,21 @@ Heavy imports (pyspark, confluent_kafka) happen inside the handlers, so ``--help
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.broker import BrokerError, LocalBroker
+from app.errors import USER_ERRORS, UserInputError
 from app.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from app.generator import GenConfig
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 
@@ -34,10 +43,22 @@ def local_broker(settings: Settings) -> LocalBroker:
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
+    from app.broker import port_is_free, wait_until_ready
     from app.kafka_io import app_topics, ensure_topics
 
     broker = local_broker(settings)
     was_running = broker.status().running
+    if not was_running and not port_is_free(broker.host, broker.port):
+        # Someone else's broker (a test fixture, a broker you run) may already answer there.
+        try:
+            wait_until_ready(broker.bootstrap, timeout=5)
+        except BrokerError:
+            pass  # not a Kafka broker: start() explains that the port is taken
+        else:
+            created = ensure_topics(broker.bootstrap, app_topics(settings))
+            print(f"kafka: using the broker that already answers at {broker.bootstrap}")
+            print(f"topics created: {', '.join(created) or 'none (all present)'}")
+            return 0
     status = broker.start(timeout=args.timeout)
     created = ensure_topics(status.bootstrap, app_topics(settings))
     print(f"{'already running' if was_running else 'started'}: {status.describe()}")
@@ -61,6 +82,116 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_dim_load(args: argparse.Namespace, settings: Settings) -> int:
+    from app.dim_csv import read_dim_csv
+    from app.spark import build_spark
+    from pipelines.dimension import upsert_dim_ads
+
+    rows = read_dim_csv(Path(args.csv))  # all checks before Spark starts
+    spark = build_spark(settings, "adattr-dim-load")
+    version, total = upsert_dim_ads(spark, str(settings.warehouse.resolve()), rows)
+    print(f"dim_ads: upserted {len(rows)} rows from {args.csv}; version {version}, {total} ads")
+    return 0
+
+
+def gen_config(args: argparse.Namespace, settings: Settings) -> GenConfig:
+    from app.generator import GenConfig
+
+    cfg = GenConfig(
+        events=args.events,
+        seed=args.seed,
+        users=args.users,
+        ads=args.ads,
+        duplicate_ratio=args.duplicate_ratio,
+        late_ratio=args.late_ratio,
+        malformed_ratio=args.malformed_ratio,
+        watermark_delay_s=settings.watermark_delay_seconds,
+        max_record_bytes=settings.max_record_bytes,
+    )
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        raise UserInputError(str(exc)) from None
+    return cfg
+
+
+def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
+    from app.dim_csv import write_dim_csv
+    from app.generator import plan_traffic, produce
+    from app.kafka_io import app_topics, ensure_topics
+
+    traffic = plan_traffic(gen_config(args, settings))
+    if args.truth:
+        Path(args.truth).write_text(json.dumps(traffic.truth, indent=1))
+    if args.dim_csv:
+        write_dim_csv(Path(args.dim_csv), traffic.dim_rows)
+    records = {"all": traffic.main + traffic.tail, "main": traffic.main, "tail": traffic.tail}
+    chosen = records[args.segment]
+    ensure_topics(settings.bootstrap_servers, app_topics(settings))
+    produce(chosen, settings.bootstrap_servers, settings.input_topic, rate=args.rate)
+    print(f"generate: {len(chosen):,} records ({args.segment}) to {settings.input_topic}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from app.spark import build_spark
+    from pipelines import job
+    from pipelines.dimension import DimensionMissingError
+
+    spark = build_spark(settings, "adattr-attribution")
+    started = time.monotonic()
+    try:
+        job.run(spark, settings, available_now=args.available_now)
+    except (DimensionMissingError, job.JobFailedError) as exc:
+        print(f"adattr run: {exc}", file=sys.stderr)
+        return 1
+    print(f"run: stopped after {time.monotonic() - started:.1f}s")
+    return cmd_summary(args, settings, spark)
+
+
+def cmd_summary(args: argparse.Namespace, settings: Settings, spark: object = None) -> int:
+    from app.spark import build_spark
+    from app.verify import campaign_summary
+
+    session = spark or build_spark(settings, "adattr-summary")
+    rows = campaign_summary(session, str(settings.warehouse.resolve()))  # type: ignore[arg-type]
+    print(f"{'campaign':<12} {'impressions':>12} {'clicks':>8} {'spend':>16}")
+    for campaign, imps, clicks, spend in rows:
+        print(f"{campaign:<12} {imps:>12,} {clicks:>8,} {spend:>16.6f}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
+    from app.spark import build_spark
+    from app.verify import diff, observed
+    from pipelines.job import current_generation
+
+    try:
+        truth = json.loads(Path(args.truth).read_text())
+    except (OSError, ValueError) as exc:
+        raise UserInputError(f"cannot read truth file {args.truth}: {exc}") from None
+    spark = build_spark(settings, "adattr-verify")
+    gen = current_generation(settings.checkpoints)
+    problems = diff(truth, observed(spark, str(settings.warehouse.resolve()), gen.app_id))
+    if problems:
+        print(f"verify: {len(problems)} difference(s) from {args.truth}:")
+        for line in problems[:50]:
+            print(f"  {line}")
+        return 1
+    print(
+        f"verify: OK: {truth['records']:,} records, {len(truth['windows']):,} windows, "
+        f"{sum(truth['quarantine'].values()):,} quarantined, {truth['duplicates']:,} duplicates, "
+        f"{truth['late']:,} late: the tables match {args.truth} exactly"
+    )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from app.demo import run_demo
+
+    return run_demo(settings, events=args.events, seed=args.seed)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="adattr",
@@ -79,19 +210,60 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for the broker")
     add("down", cmd_down, "stop the local Kafka broker")
     add("status", cmd_status, "say what runs where")
+
+    dim = sub.add_parser("dim", help="manage the dim_ads dimension", description="manage dim_ads")
+    dim_sub = dim.add_subparsers(dest="dim_command", required=True, metavar="ACTION")
+    load = dim_sub.add_parser(
+        "load",
+        help="upsert a CSV (ad_id,campaign_id,advertiser_id,cpm,cpc) into dim_ads",
+        description="upsert a CSV (ad_id,campaign_id,advertiser_id,cpm,cpc) into dim_ads",
+    )
+    load.add_argument("csv", help="CSV file with a header row")
+    load.set_defaults(handler=cmd_dim_load)
+
+    gen = add("generate", cmd_generate, "produce realistic ad events (and a truth file)")
+    gen.add_argument("--events", type=int, default=10_000, help="records in the main segment")
+    gen.add_argument("--seed", type=int, default=7, help="same seed, same events")
+    gen.add_argument("--rate", type=float, default=None, help="records/s (default: max speed)")
+    gen.add_argument("--duplicate-ratio", type=float, default=0.02)
+    gen.add_argument("--late-ratio", type=float, default=0.001)
+    gen.add_argument("--malformed-ratio", type=float, default=0.01)
+    gen.add_argument("--users", type=int, default=500)
+    gen.add_argument("--ads", type=int, default=50)
+    gen.add_argument("--truth", help="write the expected results to this JSON file")
+    gen.add_argument("--dim-csv", help="write the matching dim_ads CSV to this file")
+    gen.add_argument(
+        "--segment",
+        choices=("all", "main", "tail"),
+        default="all",
+        help="main: everything but the late events; tail: only the late events, to send "
+        "after the job has processed main (so they are late whatever the batch boundaries)",
+    )
+
+    run = add("run", cmd_run, "run the attribution job (until SIGTERM/SIGINT)")
+    run.add_argument(
+        "--available-now", action="store_true", help="process everything in the topic, then exit"
+    )
+    add("summary", cmd_summary, "print spend per campaign from gold_ad_metrics_1m")
+    verify = add("verify", cmd_verify, "compare the tables with a truth file; non-zero on any diff")
+    verify.add_argument("--truth", required=True, help="truth file from `adattr generate --truth`")
+    demo = add("demo", cmd_demo, "start Kafka, generate traffic, run the job, verify, summarise")
+    demo.add_argument("--events", type=int, default=20_000)
+    demo.add_argument("--seed", type=int, default=7)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
+    for noisy in ("py4j", "pyspark"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         settings = Settings.from_env(os.environ)
     except SettingsError as exc:
         print(f"adattr: bad setting: {exc}", file=sys.stderr)
         return 2
-    from app.errors import USER_ERRORS
-
     try:
         return int(args.handler(args, settings))
     except USER_ERRORS as exc:

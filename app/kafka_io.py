@@ -9,6 +9,7 @@ the Java client to read_uncommitted.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
@@ -52,7 +53,29 @@ def ensure_topics(bootstrap: str, topics: list[TopicSpec], timeout: float = 30.0
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
+    _wait_for_leaders(admin, [t.name for t in topics], timeout)
     return created
+
+
+def _wait_for_leaders(admin: AdminClient, names: list[str], timeout: float) -> None:
+    """A new topic answers "not leader" until its partitions have leaders: wait for that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        topics = admin.list_topics(timeout=timeout).topics
+        missing = [
+            n
+            for n in names
+            if n not in topics
+            or topics[n].error is not None
+            or any(p.leader < 0 for p in topics[n].partitions.values())
+        ]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise KafkaException(
+                f"topics without partition leaders after {timeout:.0f}s: {missing}"
+            )
+        time.sleep(0.1)
 
 
 def producer_config(bootstrap: str, **extra: object) -> dict[str, object]:

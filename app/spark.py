@@ -63,6 +63,9 @@ def spark_conf(settings: Settings, *, submitted: bool = False) -> dict[str, str]
         # Small local tables: more files than rows is the wrong trade on one machine.
         "spark.databricks.delta.optimizeWrite.enabled": "false",
         "spark.sql.adaptive.enabled": "true",
+        # Delta rebuilds a table's snapshot state in this many partitions (default 50): on two
+        # cores that alone made every MERGE take 4-8 s; sized like the shuffle it takes ~1 s.
+        "spark.databricks.delta.snapshotPartitions": str(settings.shuffle_partitions),
     }
     if not submitted:
         conf["spark.master"] = settings.spark_master

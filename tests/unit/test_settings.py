@@ -71,5 +71,5 @@ def test_spark_conf_local_and_submitted(tmp_path: Path) -> None:
 
 def test_missing_jars_say_how_to_fetch_them(tmp_path: Path) -> None:
     s = Settings.from_env({"ADATTR_JARS_DIR": str(tmp_path)})
-    with pytest.raises(MissingJarsError, match="infra/setup.sh"):
+    with pytest.raises(MissingJarsError, match=r"infra/setup\.sh"):
         spark_conf(s)

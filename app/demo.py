@@ -1,0 +1,131 @@
+"""``adattr demo``: the README's one command, end to end on the embedded stack.
+
+Starts the local broker if it is not running, generates traffic (main segment), loads the
+matching dimension, runs the job until the topic is drained, sends the late tail and runs again,
+then prints the per-campaign summary and verifies every table against the truth file. It stops
+the broker again only if it started it.
+
+The demo needs an empty topic and empty tables to compare with its truth file: it resets them
+only when they came from an earlier demo (a marker file in the warehouse) and refuses otherwise,
+so it never deletes data it did not create.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+
+from confluent_kafka import KafkaError
+
+from app.errors import UserInputError
+from app.settings import Settings
+
+MARKER = ".adattr-demo"
+_LEADERSHIP = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+)
+
+
+def _topic_has_records(bootstrap: str, topic: str) -> bool:
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    from app.kafka_io import consumer_config
+
+    consumer = Consumer(consumer_config(bootstrap, "adattr-demo-probe", committed_only=True))
+    try:
+        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return False
+        deadline = time.monotonic() + 30
+        for p in metadata.partitions:
+            while True:
+                try:
+                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                    break
+                except KafkaException as exc:
+                    # Right after a broker or topic starts, leadership can lag the metadata.
+                    transient = exc.args[0].retriable() or exc.args[0].code() in _LEADERSHIP
+                    if not transient or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            if high > low:
+                return True
+        return False
+    finally:
+        consumer.close()
+
+
+def _reset(settings: Settings) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    warehouse, checkpoints = settings.warehouse, settings.checkpoints
+    has_tables = warehouse.exists() and any(warehouse.iterdir())
+    ours = (warehouse / MARKER).exists()
+    if (
+        has_tables or _topic_has_records(settings.bootstrap_servers, settings.input_topic)
+    ) and not ours:
+        raise UserInputError(
+            f"the demo needs an empty {warehouse} and topic {settings.input_topic}, and these hold "
+            "data it did not create; point ADATTR_WAREHOUSE, ADATTR_CHECKPOINTS and "
+            "ADATTR_INPUT_TOPIC elsewhere (or remove them yourself)"
+        )
+    shutil.rmtree(warehouse, ignore_errors=True)
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    if settings.input_topic in admin.list_topics(timeout=10).topics:
+        admin.delete_topics([settings.input_topic], operation_timeout=30)[
+            settings.input_topic
+        ].result()
+        deadline = time.monotonic() + 30
+        while settings.input_topic in admin.list_topics(timeout=10).topics:
+            if time.monotonic() > deadline:
+                raise UserInputError(f"topic {settings.input_topic} was not deleted within 30 s")
+            time.sleep(0.2)
+    warehouse.mkdir(parents=True, exist_ok=True)
+    (warehouse / MARKER).write_text(
+        "created by adattr demo; `adattr demo` may delete this folder\n"
+    )
+
+
+def run_demo(settings: Settings, *, events: int, seed: int) -> int:
+    from app.cli import local_broker, main
+
+    def step(text: str) -> None:
+        print(f"\n== {text}", flush=True)
+
+    broker = local_broker(settings)
+    started_broker = not broker.status().running
+    step("Kafka (KRaft) on " + settings.bootstrap_servers)
+    if main(["up"]) != 0:
+        return 1
+    try:
+        _reset(settings)
+        work = settings.data_dir / "demo"
+        work.mkdir(parents=True, exist_ok=True)
+        truth, dim_csv = work / "truth.json", work / "dim_ads.csv"
+        common = ["--events", str(events), "--seed", str(seed), "--truth", str(truth)]
+        step(f"generate {events:,} events (duplicates, bad records) and the dimension")
+        if main(["generate", *common, "--dim-csv", str(dim_csv), "--segment", "main"]) != 0:
+            return 1
+        step("load dim_ads")
+        if main(["dim", "load", str(dim_csv)]) != 0:
+            return 1
+        step("run the attribution job until the topic is drained")
+        if main(["run", "--available-now"]) != 0:
+            return 1
+        step("send the late tail (older than the watermark) and run again")
+        if main(["generate", *common, "--segment", "tail"]) != 0:
+            return 1
+        if main(["run", "--available-now"]) != 0:
+            return 1
+        step("verify every table against the truth file")
+        expected = json.loads(truth.read_text())
+        print(f"truth: {expected['records']:,} records, {len(expected['windows']):,} windows")
+        return main(["verify", "--truth", str(truth)])
+    finally:
+        if started_broker and broker.stop():
+            print("\nkafka: stopped (the demo started it)", file=sys.stderr)

@@ -1,0 +1,303 @@
+"""Realistic ad traffic with a truth file computed independently of Spark.
+
+``plan_traffic`` is pure and deterministic (same config and seed, same bytes): impressions from
+many users over many ads, clicks on a few percent of impressions (each pointing at an earlier
+impression of the same user), conversions on a share of clicks (later in time), producer-retry
+duplicates (the same bytes again, soon after), records that break the contract in every way the
+job must quarantine, and late events.
+
+Lateness depends on the job's watermark, which only moves between micro-batches, so late events
+form a separate *tail* segment: each is older than the main segment's newest event minus the
+watermark delay and a margin. Produced after the job has processed the main segment (what
+``adattr demo`` and the tests do), they are late whatever the batch boundaries were.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import random
+import sys
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from schemas import ad_event as c
+
+BASE_TIME = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
+CLICK_RATE = 0.04
+CONVERSION_RATE = 0.15
+JITTER_MS = 20_000
+LATE_MARGIN = timedelta(minutes=2)
+BAD_KINDS = (
+    c.MALFORMED_JSON,
+    c.MISSING_FIELD,
+    c.BAD_TYPE,
+    c.UNKNOWN_EVENT_TYPE,
+    c.BAD_TIMESTAMP,
+    c.NEGATIVE_REVENUE,
+    c.UNKNOWN_AD,
+    c.OVERSIZED,
+    c.INVALID_VALUE,
+    c.UNEXPECTED_FIELD,
+    c.UNSUPPORTED_SCHEMA_VERSION,
+)
+
+
+@dataclass(frozen=True)
+class GenConfig:
+    events: int = 10_000
+    seed: int = 7
+    users: int = 500
+    ads: int = 50
+    duplicate_ratio: float = 0.02
+    late_ratio: float = 0.001
+    malformed_ratio: float = 0.01
+    step_ms: int = 20
+    watermark_delay_s: int = 600
+    max_record_bytes: int = 16384
+
+    def validate(self) -> None:
+        if self.events < 1 or self.users < 1 or self.ads < 1:
+            raise ValueError("--events, --users and --ads must be at least 1")
+        for name in ("duplicate_ratio", "late_ratio", "malformed_ratio"):
+            if not 0 <= getattr(self, name) < 0.5:
+                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 0.5)")
+
+
+@dataclass
+class Traffic:
+    main: list[tuple[bytes, bytes]] = field(default_factory=list)
+    tail: list[tuple[bytes, bytes]] = field(default_factory=list)
+    dim_rows: list[tuple[str, str, str, Decimal, Decimal]] = field(default_factory=list)
+    truth: dict[str, Any] = field(default_factory=dict)
+
+
+def iso_millis(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def dim_for(cfg: GenConfig) -> list[tuple[str, str, str, Decimal, Decimal]]:
+    rng = random.Random(cfg.seed * 7919 + 1)
+    rows = []
+    for i in range(cfg.ads):
+        campaign = i // 10
+        rows.append(
+            (
+                f"ad-{i:04d}",
+                f"cmp-{campaign:03d}",
+                f"adv-{campaign // 5:03d}",
+                Decimal(rng.randint(50, 5000)) / 100,  # cpm 0.50 .. 50.00
+                Decimal(rng.randint(5, 300)) / 100,  # cpc 0.05 .. 3.00
+            )
+        )
+    return rows
+
+
+def plan_traffic(cfg: GenConfig) -> Traffic:
+    cfg.validate()
+    rng = random.Random(cfg.seed)
+    traffic = Traffic(dim_rows=dim_for(cfg))
+    ads = {row[0]: row for row in traffic.dim_rows}
+    ad_ids = list(ads)
+    users = [f"user-{i:05d}" for i in range(cfg.users)]
+    scheduled: list[tuple[datetime, int, dict[str, Any]]] = []  # clicks, conversions
+    recent: deque[tuple[bytes, bytes]] = deque(maxlen=200)
+    windows: dict[tuple[str, str], list[Any]] = defaultdict(lambda: [0, 0, Decimal(0)])
+    quarantine: dict[str, int] = defaultdict(int)
+    counters = {"duplicates": 0, "accepted": 0, "seq": 0}
+    max_time = BASE_TIME
+
+    def next_id(prefix: str) -> str:
+        counters["seq"] += 1
+        return f"{prefix}-{cfg.seed}-{counters['seq']:09d}"
+
+    def emit(evt: dict[str, Any]) -> None:
+        nonlocal max_time
+        value = json.dumps(evt, separators=(",", ":")).encode()
+        record = (evt["user_id"].encode(), value)
+        traffic.main.append(record)
+        recent.append(record)
+        counters["accepted"] += 1
+        t = datetime.strptime(evt["event_time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+        max_time = max(max_time, t)
+        if evt["event_type"] in ("impression", "click"):
+            ad = ads[evt["ad_id"]]
+            w = windows[(iso_millis(t.replace(second=0, microsecond=0)), evt["ad_id"])]
+            if evt["event_type"] == "impression":
+                w[0] += 1
+                w[2] += ad[3] / 1000
+            else:
+                w[1] += 1
+                w[2] += ad[4]
+
+    def base_event(kind: str, at: datetime, user: str) -> dict[str, Any]:
+        return {
+            "event_id": next_id(kind[:3]),
+            "event_type": kind,
+            "event_time": iso_millis(at),
+            "user_id": user,
+            "schema_version": 1,
+        }
+
+    def bad_record(reason: str, at: datetime) -> bytes:
+        e = base_event("impression", at, rng.choice(users))
+        e["ad_id"] = rng.choice(ad_ids)
+        if reason == c.MALFORMED_JSON:
+            return json.dumps(e).encode()[:-7]
+        if reason == c.MISSING_FIELD:
+            del e["user_id"]
+        elif reason == c.BAD_TYPE:
+            e["schema_version"] = "1"
+        elif reason == c.UNKNOWN_EVENT_TYPE:
+            e["event_type"] = "hover"
+        elif reason == c.BAD_TIMESTAMP:
+            e["event_time"] = at.strftime("%d/%m/%Y %H:%M")
+        elif reason == c.NEGATIVE_REVENUE:
+            e.update(event_type="conversion", advertiser_id="adv-000", revenue="-3.50")
+            del e["ad_id"]
+        elif reason == c.UNKNOWN_AD:
+            e["ad_id"] = f"ad-unknown-{rng.randint(0, 99)}"
+        elif reason == c.OVERSIZED:
+            e["padding"] = "x" * cfg.max_record_bytes
+        elif reason == c.INVALID_VALUE:
+            e["user_id"] = "u" * 65
+        elif reason == c.UNEXPECTED_FIELD:
+            e["revenue"] = 1
+        elif reason == c.UNSUPPORTED_SCHEMA_VERSION:
+            e["schema_version"] = 2
+        return json.dumps(e, separators=(",", ":")).encode()
+
+    bad_index = 0
+    position = 0
+    while len(traffic.main) < cfg.events:
+        now = BASE_TIME + timedelta(milliseconds=position * cfg.step_ms)
+        position += 1
+        while scheduled and scheduled[0][0] <= now and len(traffic.main) < cfg.events:
+            emit(heapq.heappop(scheduled)[2])
+        if len(traffic.main) >= cfg.events:
+            break
+        r = rng.random()
+        if r < cfg.malformed_ratio:
+            reason = BAD_KINDS[bad_index % len(BAD_KINDS)]
+            bad_index += 1
+            traffic.main.append((b"bad", bad_record(reason, now)))
+            quarantine[reason] += 1
+            continue
+        if r < cfg.malformed_ratio + cfg.duplicate_ratio and recent:
+            traffic.main.append(rng.choice(recent))  # a producer retry: the very same bytes
+            counters["duplicates"] += 1
+            continue
+        at = now - timedelta(milliseconds=rng.randint(0, JITTER_MS))
+        user = rng.choice(users)
+        impression = base_event("impression", at, user)
+        impression["ad_id"] = rng.choice(ad_ids)
+        emit(impression)
+        if rng.random() < CLICK_RATE:
+            click_at = at + timedelta(milliseconds=rng.randint(500, 20_000))
+            click = base_event("click", click_at, user)
+            click.update(ad_id=impression["ad_id"], impression_id=impression["event_id"])
+            heapq.heappush(scheduled, (click_at, counters["seq"], click))
+            if rng.random() < CONVERSION_RATE:
+                conv_at = click_at + timedelta(seconds=rng.randint(5, 600))
+                conv = base_event("conversion", conv_at, user)
+                revenue = Decimal(rng.randint(100, 50_000)) / 100
+                conv.update(
+                    advertiser_id=ads[impression["ad_id"]][2],
+                    # Both encodings the contract allows: a JSON number and a decimal string.
+                    revenue=float(revenue) if rng.random() < 0.5 else str(revenue),
+                )
+                heapq.heappush(scheduled, (conv_at, counters["seq"], conv))
+
+    late_count = round(cfg.events * cfg.late_ratio)
+    if cfg.late_ratio > 0:
+        late_count = max(late_count, 1)
+    newest_allowed = max_time - timedelta(seconds=cfg.watermark_delay_s) - LATE_MARGIN
+    for _ in range(late_count):
+        at = newest_allowed - timedelta(milliseconds=rng.randint(0, 300_000))
+        e = base_event("impression", at, rng.choice(users))
+        e["ad_id"] = rng.choice(ad_ids)
+        traffic.tail.append((e["user_id"].encode(), json.dumps(e, separators=(",", ":")).encode()))
+
+    by_campaign: dict[str, list[Any]] = defaultdict(lambda: [0, 0, Decimal(0)])
+    for (_, ad_id), (imps, clicks, spend) in windows.items():
+        agg = by_campaign[ads[ad_id][1]]
+        agg[0] += imps
+        agg[1] += clicks
+        agg[2] += spend
+    traffic.truth = {
+        "contract": "ad_event.v1",
+        "config": cfg.__dict__,
+        "records": len(traffic.main) + len(traffic.tail),
+        "segments": {"main": len(traffic.main), "tail": len(traffic.tail)},
+        "quarantine": dict(sorted(quarantine.items())),
+        "duplicates": counters["duplicates"],
+        "late": len(traffic.tail),
+        "accepted": counters["accepted"],
+        "windows": [
+            {
+                "window_start": ws,
+                "ad_id": ad_id,
+                "impressions": v[0],
+                "clicks": v[1],
+                "spend": str(v[2].quantize(Decimal("0.000000001"))),
+            }
+            for (ws, ad_id), v in sorted(windows.items())
+        ],
+        "campaigns": {
+            k: {
+                "impressions": v[0],
+                "clicks": v[1],
+                "spend": str(v[2].quantize(Decimal("0.000000001"))),
+            }
+            for k, v in sorted(by_campaign.items())
+        },
+    }
+    return traffic
+
+
+def produce(
+    records: list[tuple[bytes, bytes]],
+    bootstrap: str,
+    topic: str,
+    *,
+    rate: float | None = None,
+    progress: bool = True,
+) -> None:
+    """Sends records in order with an idempotent producer; raises if any send failed."""
+    from confluent_kafka import KafkaException, Producer
+
+    from app.kafka_io import producer_config
+
+    producer = Producer(producer_config(bootstrap))
+    failures: list[str] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            failures.append(str(err))
+
+    started = time.monotonic()
+    step = max(1, len(records) // 10)
+    for i, (key, value) in enumerate(records, 1):
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.1)  # the local queue is full: let deliveries drain it
+        if rate:
+            ahead = i / rate - (time.monotonic() - started)
+            if ahead > 0:
+                producer.poll(ahead)  # pacing to the requested rate
+        if progress and i % step == 0:
+            print(f"  produced {i:,}/{len(records):,}", file=sys.stderr, flush=True)
+        if failures:
+            break
+    remaining = producer.flush(60)
+    if failures or remaining:
+        raise KafkaException(
+            f"{len(failures)} record(s) failed and {remaining} undelivered: {failures[:3]}"
+        )

@@ -1,0 +1,139 @@
+"""Wiring of the attribution job: the streaming query, its checkpoint generation, the run loop.
+
+The query is Kafka (read_committed) -> parse -> two branches unioned into one foreachBatch:
+every record as read (for bronze, quarantine, late) and the first sightings of each valid
+``event_id`` from ``dropDuplicatesWithinWatermark`` (Spark's RocksDB- or HDFS-backed state
+store). The sink joins the two, so the state store decides duplicates while the sink decides
+lateness from the batch's own watermark, and no record is dropped unseen.
+
+A checkpoint *generation* is one checkpoint folder plus the Delta app id that goes with it.
+Batch ids restart at 0 in a new checkpoint, so the app id changes with it (a fresh random one
+per generation): reusing one would make Delta skip real writes as "already committed".
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from app.settings import Settings
+from pipelines.dimension import dim_snapshot
+from pipelines.sink import FIRST, RECORD, AttributionSink, SinkContext
+from pipelines.tables import create_tables
+from pipelines.transforms import first_sightings, parse_events, with_kafka_coordinates
+
+QUERY_NAME = "adattr-attribution"
+
+
+class JobFailedError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Generation:
+    number: int
+    app_id: str
+    checkpoint: Path
+
+
+def current_generation(checkpoints: Path) -> Generation:
+    """The generation in use, or generation 1 on a first run."""
+    root = checkpoints / "attribution"
+    marker = root / "generation.json"
+    if marker.exists():
+        data = json.loads(marker.read_text())
+        return Generation(data["number"], data["app_id"], root / f"gen-{data['number']:04d}")
+    return new_generation(checkpoints, 1)
+
+
+def new_generation(checkpoints: Path, number: int) -> Generation:
+    root = checkpoints / "attribution"
+    root.mkdir(parents=True, exist_ok=True)
+    gen = Generation(number, f"adattr-{uuid.uuid4()}", root / f"gen-{number:04d}")
+    tmp = root / "generation.json.tmp"
+    tmp.write_text(json.dumps({"number": gen.number, "app_id": gen.app_id}))
+    tmp.replace(root / "generation.json")  # atomic: a crash leaves the old or the new one
+    return gen
+
+
+def read_events(spark: SparkSession, settings: Settings) -> DataFrame:
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .option("subscribe", settings.input_topic)
+        .option("startingOffsets", "earliest")
+        # Only committed records: an aborted or still-open producer transaction is never read.
+        .option("kafka.isolation.level", "read_committed")
+    )
+    if settings.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
+    return reader.load()
+
+
+def attribution_stream(kafka: DataFrame, settings: Settings) -> DataFrame:
+    """The streaming frame handed to the sink: records and first sightings, tagged by branch."""
+    records = kafka.transform(with_kafka_coordinates).transform(
+        parse_events(max_bytes=settings.max_record_bytes)
+    )
+    firsts = records.transform(first_sightings(watermark_delay=settings.watermark_delay))
+    return records.withColumn("_branch", F.lit(RECORD)).unionByName(
+        firsts.withColumn("_branch", F.lit(FIRST)), allowMissingColumns=True
+    )
+
+
+def start(spark: SparkSession, settings: Settings, *, available_now: bool) -> StreamingQuery:
+    warehouse = str(settings.warehouse.resolve())
+    dim_snapshot(spark, warehouse, int(time.time() * 1000))  # fail early if dim_ads is missing
+    create_tables(spark, warehouse)
+    gen = current_generation(settings.checkpoints)
+    sink = AttributionSink(
+        spark, SinkContext(warehouse, gen.checkpoint.resolve(), gen.app_id, gen.number)
+    )
+    writer = (
+        attribution_stream(read_events(spark, settings), settings)
+        .writeStream.queryName(QUERY_NAME)
+        .foreachBatch(sink)
+        .option("checkpointLocation", str(gen.checkpoint.resolve()))
+    )
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=settings.trigger_interval)
+    return writer.start()
+
+
+def run(
+    spark: SparkSession,
+    settings: Settings,
+    *,
+    available_now: bool,
+) -> None:
+    """Runs the job until the topic is drained (available-now) or until SIGTERM/SIGINT, which
+    stop it at a batch boundary. Raises JobFailedError if the query fails."""
+    query = start(spark, settings, available_now=available_now)
+    stop_requested: list[int] = []
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stop_requested.append(signum)
+
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while query.isActive:
+            query.awaitTermination(1)
+            if stop_requested and not query.status["isTriggerActive"]:
+                query.stop()  # between batches: nothing half-done to redo
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    error = query.exception()
+    if error is not None:
+        raise JobFailedError(f"the streaming query failed: {error}")

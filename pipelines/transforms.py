@@ -1,0 +1,284 @@
+"""Pure transforms of the attribution job: ``DataFrame -> DataFrame``, the same on a batch frame
+and on a streaming one, with no I/O.
+
+Parsing uses Spark's VARIANT functions (``try_parse_json``, ``schema_of_variant``) so that JSON
+types are checked strictly (a number where a string belongs is ``bad_type``, not silently
+converted) by native expressions, without a Python UDF on the hot path. Every record gets either
+typed event columns or a ``reject_reason``; nothing is dropped here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from schemas import ad_event as c
+
+KAFKA_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp")
+AD_EVENT_TYPES = ("impression", "click")
+WINDOW = "1 minute"
+# Outcomes of a contract-valid record, beside the quarantine reasons.
+LATE = "late"
+DUPLICATE = "duplicate"
+ACCEPTED = "accepted"
+
+_INTEGER_TYPES = ("TINYINT", "SMALLINT", "INT", "BIGINT")
+
+
+def with_kafka_coordinates(kafka: DataFrame) -> DataFrame:
+    """Kafka source rows -> named coordinates plus the exact key and value bytes."""
+    return kafka.select(
+        F.col("topic").alias("kafka_topic"),
+        F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"),
+        F.col("timestamp").alias("kafka_timestamp"),
+        F.col("key").alias("raw_key"),
+        F.col("value").alias("raw_value"),
+    )
+
+
+def _json_type(name: str) -> Column:
+    """The VARIANT type of a top-level field: 'STRING', 'BIGINT', 'DECIMAL(2,1)', 'NULL' (absent),
+    'VOID' (JSON null), ..."""
+    return F.expr(f"schema_of_variant(variant_get(_v, '$.{name}'))")
+
+
+def _present(name: str) -> Column:
+    return ~_json_type(name).isin("NULL", "VOID") & _json_type(name).isNotNull()
+
+
+def _type_allowed(json_types: tuple[str, ...], t: Column) -> Column:
+    is_integer = t.isin(*_INTEGER_TYPES) | t.rlike(r"^DECIMAL\(\d+,0\)$")
+    checks = {
+        "string": t == "STRING",
+        "integer": is_integer,
+        "number": is_integer | (t == "DOUBLE") | t.startswith("DECIMAL"),
+    }
+    allowed = F.lit(False)
+    for json_type in json_types:
+        allowed = allowed | checks[json_type]
+    return allowed
+
+
+def _any(conditions: list[Column]) -> Column:
+    result = F.lit(False)
+    for cond in conditions:
+        result = result | cond
+    return result
+
+
+def _text(name: str) -> Column:
+    return F.expr(f"try_variant_get(_v, '$.{name}', 'string')")
+
+
+def parse_events(*, max_bytes: int) -> Callable[[DataFrame], DataFrame]:
+    """Adds the typed ``ad_event.v1`` columns and ``reject_reason`` (null when valid).
+
+    Checks run in a fixed order and the first failing one names the reason, so a record has
+    exactly one reason and the counts per reason add up.
+    """
+    contract = c.contract()
+    fields = {f.name: f for f in contract.fields}
+    revenue_pattern = fields["revenue"].pattern or ""
+    time_pattern = fields["event_time"].pattern or ""
+    event_type = _text("event_type")
+
+    def required_missing(names: tuple[str, ...]) -> Column:
+        return _any([~_present(n) for n in names])
+
+    checks: list[tuple[str, Column]] = [
+        (c.OVERSIZED, F.octet_length("raw_value") > max_bytes),
+        (
+            c.MALFORMED_JSON,
+            F.col("_v").isNull() | ~F.expr("schema_of_variant(_v)").startswith("OBJECT"),
+        ),
+        (c.MISSING_FIELD, required_missing(contract.required)),
+        (
+            c.BAD_TYPE,
+            _any(
+                [
+                    _present(f.name) & ~_type_allowed(f.json_types, _json_type(f.name))
+                    for f in contract.fields
+                ]
+            ),
+        ),
+        (c.UNKNOWN_EVENT_TYPE, ~event_type.isin(*contract.event_types)),
+        (
+            c.UNSUPPORTED_SCHEMA_VERSION,
+            F.expr("try_variant_get(_v, '$.schema_version', 'bigint')") != c.SCHEMA_VERSION,
+        ),
+        (
+            c.MISSING_FIELD,
+            _any(
+                [
+                    (event_type == t) & required_missing(names)
+                    for t, names in contract.required_by_type.items()
+                ]
+            ),
+        ),
+        (
+            c.UNEXPECTED_FIELD,
+            _any(
+                [
+                    (event_type == t) & _any([_present(n) for n in names])
+                    for t, names in contract.forbidden_by_type.items()
+                ]
+            ),
+        ),
+        (
+            c.INVALID_VALUE,
+            _any(
+                [
+                    _present(f.name)
+                    & ~F.char_length(_text(f.name)).between(f.min_length or 0, f.max_length)
+                    for f in contract.fields
+                    if f.max_length is not None
+                ]
+            ),
+        ),
+        (
+            c.BAD_TIMESTAMP,
+            ~_text("event_time").rlike(time_pattern)
+            | F.expr(
+                "try_to_timestamp(try_variant_get(_v, '$.event_time', 'string'), "
+                "\"yyyy-MM-dd'T'HH:mm:ss.SSSX\")"
+            ).isNull(),
+        ),
+        (c.NEGATIVE_REVENUE, _present("revenue") & _text("revenue").startswith("-")),
+        (c.INVALID_VALUE, _present("revenue") & ~_text("revenue").rlike(revenue_pattern)),
+    ]
+    reason = F.coalesce(*[F.when(cond, F.lit(code)) for code, cond in checks])
+
+    def typed(name: str) -> Column:
+        spark_type = fields[name].spark_type
+        if spark_type == "timestamp":
+            return F.expr(
+                f"try_to_timestamp(try_variant_get(_v, '$.{name}', 'string'), "
+                "\"yyyy-MM-dd'T'HH:mm:ss.SSSX\")"
+            )
+        if spark_type.startswith("decimal"):
+            return F.expr(f"try_cast(try_variant_get(_v, '$.{name}', 'string') AS {spark_type})")
+        return F.expr(f"try_variant_get(_v, '$.{name}', '{spark_type}')")
+
+    def transform(df: DataFrame) -> DataFrame:
+        parsed = df.withColumn(
+            "_v",
+            F.when(
+                F.expr("is_valid_utf8(raw_value)"),
+                F.expr("try_parse_json(CAST(raw_value AS STRING))"),
+            ),
+        ).withColumn("reject_reason", reason)
+        valid = F.col("reject_reason").isNull()
+        return parsed.select(
+            *df.columns,
+            *[F.when(valid, typed(f.name)).alias(f.name) for f in contract.fields],
+            "reject_reason",
+        )
+
+    return transform
+
+
+def first_sightings(*, watermark_delay: str) -> Callable[[DataFrame], DataFrame]:
+    """The stateful step: of the valid records, the first sighting of each ``event_id``.
+
+    ``dropDuplicatesWithinWatermark`` keeps each id in the state store until the watermark passes
+    its event time plus the delay, and drops records behind the watermark (which the sink
+    classifies as late itself, so none is lost). Only coordinates come out: the sink joins them
+    back to the full records.
+    """
+
+    def transform(parsed: DataFrame) -> DataFrame:
+        return (
+            parsed.where(F.col("reject_reason").isNull())
+            .select("kafka_topic", "kafka_partition", "kafka_offset", "event_id", "event_time")
+            .withWatermark("event_time", watermark_delay)
+            .dropDuplicatesWithinWatermark(["event_id"])
+            .select("kafka_topic", "kafka_partition", "kafka_offset")
+        )
+
+    return transform
+
+
+def classify(parsed: DataFrame, firsts: DataFrame, *, watermark_ms: int) -> DataFrame:
+    """Adds ``outcome``: the quarantine reason, ``late``, ``duplicate`` or ``accepted``.
+
+    A valid record is late when its event time is at or behind this batch's watermark: the
+    stateful operator drops only records behind a watermark at most this high, so every record
+    it dropped for lateness is classified late here, and every other valid record it did not
+    emit is a duplicate.
+    """
+    watermark = F.timestamp_millis(F.lit(watermark_ms))
+    marked = firsts.select(
+        "kafka_topic", "kafka_partition", "kafka_offset", F.lit(True).alias("_first")
+    )
+    joined = parsed.join(marked, ["kafka_topic", "kafka_partition", "kafka_offset"], "left")
+    outcome = (
+        F.when(F.col("reject_reason").isNotNull(), F.col("reject_reason"))
+        .when(F.col("event_time") <= watermark, F.lit(LATE))
+        .when(F.col("_first").isNull(), F.lit(DUPLICATE))
+        .otherwise(F.lit(ACCEPTED))
+    )
+    return joined.withColumn("outcome", outcome).drop("_first")
+
+
+def enrich(classified: DataFrame, dim_ads: DataFrame) -> DataFrame:
+    """Joins accepted impressions and clicks to ``dim_ads`` (campaign, advertiser, prices) and
+    turns an accepted ad event whose ``ad_id`` is not in the dimension into ``unknown_ad``.
+
+    ``cost`` is what the event is billed: cpm / 1000 for an impression, cpc for a click, in exact
+    decimals (a multiplication by the literal 0.001 keeps every digit).
+    """
+    dim = dim_ads.select(
+        "ad_id",
+        F.col("campaign_id"),
+        F.col("advertiser_id").alias("_dim_advertiser_id"),
+        "cpm",
+        "cpc",
+        F.lit(True).alias("_known"),
+    )
+    is_ad_event = F.col("event_type").isin(*AD_EVENT_TYPES)
+    joined = classified.join(F.broadcast(dim), "ad_id", "left")
+    outcome = F.when(
+        (F.col("outcome") == ACCEPTED) & is_ad_event & F.col("_known").isNull(),
+        F.lit(c.UNKNOWN_AD),
+    ).otherwise(F.col("outcome"))
+    cost = (
+        F.when(
+            F.col("event_type") == "impression", F.col("cpm") * F.lit(0.001).cast("decimal(4,3)")
+        )
+        .when(F.col("event_type") == "click", F.col("cpc"))
+        .cast("decimal(18,9)")
+    )
+    return (
+        joined.withColumn("outcome", outcome)
+        .withColumn("advertiser_id", F.coalesce("_dim_advertiser_id", "advertiser_id"))
+        .withColumn("cost", cost)
+        .drop("_dim_advertiser_id", "_known")
+    )
+
+
+def window_metrics(silver: DataFrame) -> DataFrame:
+    """1-minute tumbling event-time windows per ad: impressions, clicks and exact spend."""
+    ad_events = silver.where(F.col("event_type").isin(*AD_EVENT_TYPES))
+    return (
+        ad_events.groupBy(F.window("event_time", WINDOW).alias("w"), "ad_id")
+        .agg(
+            F.max("campaign_id").alias("campaign_id"),
+            F.max("advertiser_id").alias("advertiser_id"),
+            F.count(F.when(F.col("event_type") == "impression", 1)).alias("impressions"),
+            F.count(F.when(F.col("event_type") == "click", 1)).alias("clicks"),
+            F.sum("cost").cast("decimal(24,9)").alias("spend"),
+        )
+        .select(
+            F.col("w.start").alias("window_start"),
+            F.col("w.end").alias("window_end"),
+            "ad_id",
+            "campaign_id",
+            "advertiser_id",
+            "impressions",
+            "clicks",
+            "spend",
+        )
+    )

@@ -1,0 +1,1 @@
+"""Contracts only: the event schema and the reason codes. Importing needs no SparkSession."""

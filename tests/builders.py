@@ -1,0 +1,55 @@
+"""Builders for test events and Kafka-shaped rows, shared by every test."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+KAFKA_ROW_SCHEMA = (
+    "kafka_topic string, kafka_partition int, kafka_offset long, kafka_timestamp timestamp, "
+    "raw_key binary, raw_value binary"
+)
+
+
+def event(
+    event_id: str,
+    event_type: str = "impression",
+    event_time: str = "2026-11-20T10:00:00.000Z",
+    *,
+    user_id: str = "u1",
+    ad_id: str | None = "ad-1",
+    **extra: Any,
+) -> dict[str, Any]:
+    e: dict[str, Any] = {
+        "event_id": event_id,
+        "event_type": event_type,
+        "event_time": event_time,
+        "user_id": user_id,
+        "schema_version": 1,
+    }
+    if event_type in ("impression", "click") and ad_id is not None:
+        e["ad_id"] = ad_id
+    if event_type == "conversion":
+        e.setdefault("advertiser_id", "adv-1")
+        e.setdefault("revenue", "10.50")
+    e.update(extra)
+    return e
+
+
+def kafka_rows(
+    spark: SparkSession, values: list[dict[str, Any] | str | bytes | None], *, partitions: int = 2
+) -> DataFrame:
+    """Kafka-shaped rows, values round-robin over partitions with increasing offsets."""
+    rows = []
+    for i, value in enumerate(values):
+        if isinstance(value, dict):
+            raw: bytes | None = json.dumps(value).encode()
+        elif isinstance(value, str):
+            raw = value.encode()
+        else:
+            raw = value
+        rows.append(("t", i % partitions, i // partitions, datetime(2026, 11, 20, 10), b"k", raw))
+    return spark.createDataFrame(rows, KAFKA_ROW_SCHEMA)

@@ -1,0 +1,70 @@
+"""The generator is deterministic and its records honour (or break) the JSON Schema contract."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import jsonschema
+import pytest
+
+from app.generator import GenConfig, plan_traffic
+from schemas import ad_event as c
+
+
+@pytest.fixture(scope="module")
+def traffic():  # type: ignore[no-untyped-def]
+    return plan_traffic(GenConfig(events=4000, seed=3, users=50, ads=20, malformed_ratio=0.03))
+
+
+def test_same_seed_same_bytes(traffic) -> None:  # type: ignore[no-untyped-def]
+    again = plan_traffic(GenConfig(events=4000, seed=3, users=50, ads=20, malformed_ratio=0.03))
+    assert again.main == traffic.main and again.tail == traffic.tail
+    assert again.truth == traffic.truth
+    other = plan_traffic(GenConfig(events=4000, seed=4, users=50, ads=20, malformed_ratio=0.03))
+    assert other.main != traffic.main
+
+
+def test_good_records_validate_and_bad_ones_do_not(traffic) -> None:  # type: ignore[no-untyped-def]
+    validator = jsonschema.Draft202012Validator(c.contract().raw)
+    known_ads = {row[0] for row in traffic.dim_rows}
+    valid = invalid = unknown_ad = 0
+    for key, value in traffic.main + traffic.tail:
+        try:
+            doc = json.loads(value)
+        except ValueError:
+            invalid += 1
+            continue
+        if validator.is_valid(doc) and len(value) <= 16384:
+            valid += 1
+            if doc.get("ad_id", "ad-0000") not in known_ads:
+                unknown_ad += 1
+            else:
+                assert key == doc["user_id"].encode()
+        else:
+            invalid += 1
+    quarantine = traffic.truth["quarantine"]
+    assert invalid == sum(quarantine.values()) - quarantine[c.UNKNOWN_AD]
+    assert unknown_ad == quarantine[c.UNKNOWN_AD]
+
+
+def test_truth_adds_up(traffic) -> None:  # type: ignore[no-untyped-def]
+    truth = traffic.truth
+    assert truth["records"] == len(traffic.main) + len(traffic.tail)
+    assert truth["records"] == (
+        truth["accepted"] + truth["duplicates"] + truth["late"] + sum(truth["quarantine"].values())
+    )
+    # Good records (bad ones go out with key b"bad"), one per event_id once re-sends collapse.
+    good = {json.loads(v)["event_id"]: json.loads(v) for k, v in traffic.main if k != b"bad"}
+    assert len(good) == truth["accepted"]
+    types = Counter(e["event_type"] for e in good.values())
+    assert types["click"] > 0 and types["conversion"] > 0
+    assert types["click"] < types["impression"] * 0.1  # a few percent click through
+    windows = truth["windows"]
+    assert sum(w["impressions"] for w in windows) == types["impression"]
+    assert sum(w["clicks"] for w in windows) == types["click"]
+
+
+def test_rejects_bad_config() -> None:
+    with pytest.raises(ValueError, match="--duplicate-ratio"):
+        GenConfig(duplicate_ratio=0.9).validate()

@@ -1,0 +1,112 @@
+"""classify, enrich and window_metrics on small batch frames."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from pipelines.tables import DIM_ADS, table
+from pipelines.transforms import DUPLICATE, LATE, classify, enrich, parse_events, window_metrics
+from schemas import ad_event as c
+from tests.builders import event, kafka_rows
+
+WATERMARK_MS = int(datetime(2026, 11, 20, 10, 0, 0).timestamp() * 1000)  # session TZ is UTC
+
+
+@pytest.fixture(scope="module")
+def dim(spark: SparkSession) -> DataFrame:
+    return spark.createDataFrame(
+        [
+            ("ad-1", "cmp-1", "adv-1", Decimal("2.500000"), Decimal("0.300000")),
+            ("ad-2", "cmp-1", "adv-1", Decimal("0.001000"), Decimal("1.000001")),
+        ],
+        table(DIM_ADS).ddl,
+    )
+
+
+def _classified(
+    spark: SparkSession, dim: DataFrame, values: list, first_offsets: set[int]
+) -> DataFrame:  # type: ignore[type-arg]
+    parsed = kafka_rows(spark, values, partitions=1).transform(parse_events(max_bytes=4096))
+    firsts = parsed.where(parsed.kafka_offset.isin(*first_offsets)).select(
+        "kafka_topic", "kafka_partition", "kafka_offset"
+    )
+    return enrich(classify(parsed, firsts, watermark_ms=WATERMARK_MS), dim)
+
+
+def test_outcomes(spark: SparkSession, dim: DataFrame) -> None:
+    values = [
+        event("a", event_time="2026-11-20T10:00:00.001Z"),  # first sighting: accepted
+        event("a", event_time="2026-11-20T10:00:00.001Z"),  # not emitted by the state: duplicate
+        event("b", event_time="2026-11-20T10:00:00.000Z"),  # at the watermark: late
+        event("c", event_time="2026-11-20T09:00:00.000Z"),  # behind it, even if "first": late
+        event("d", event_time="2026-11-20T10:05:00.000Z", ad_id="ad-404"),  # unknown_ad
+        event("e", "conversion", "2026-11-20T10:05:00.000Z"),  # conversions need no ad
+        "{broken",
+    ]
+    rows = _classified(spark, dim, values, {0, 2, 3, 4, 5}).orderBy("kafka_offset").collect()
+    assert [r.outcome for r in rows] == [
+        "accepted",
+        DUPLICATE,
+        LATE,
+        LATE,
+        c.UNKNOWN_AD,
+        "accepted",
+        c.MALFORMED_JSON,
+    ]
+
+
+def test_enrichment_and_exact_cost(spark: SparkSession, dim: DataFrame) -> None:
+    values = [
+        event("i1", ad_id="ad-1", event_time="2026-11-20T10:01:00.000Z"),
+        event("k1", "click", ad_id="ad-2", event_time="2026-11-20T10:01:00.000Z"),
+        event("v1", "conversion", "2026-11-20T10:01:00.000Z", advertiser_id="adv-9"),
+    ]
+    rows = _classified(spark, dim, values, {0, 1, 2}).orderBy("kafka_offset").collect()
+    assert [(r.campaign_id, r.advertiser_id, r.cost) for r in rows] == [
+        ("cmp-1", "adv-1", Decimal("0.002500000")),  # cpm 2.5 / 1000
+        ("cmp-1", "adv-1", Decimal("1.000001000")),  # cpc
+        (None, "adv-9", None),  # a conversion keeps its own advertiser, is not billed
+    ]
+
+
+def test_window_metrics_tumbling_minutes_and_spend(spark: SparkSession, dim: DataFrame) -> None:
+    values = [
+        event("i1", ad_id="ad-2", event_time="2026-11-20T10:01:00.000Z"),
+        event("i2", ad_id="ad-2", event_time="2026-11-20T10:01:59.999Z"),
+        event("k1", "click", ad_id="ad-2", event_time="2026-11-20T10:01:30.000Z"),
+        event("i3", ad_id="ad-2", event_time="2026-11-20T10:02:00.000Z"),  # next window
+        event("v1", "conversion", "2026-11-20T10:01:10.000Z"),  # not an ad event
+    ]
+    silver = _classified(spark, dim, values, {0, 1, 2, 3, 4})
+    expected = spark.createDataFrame(
+        [
+            (
+                datetime(2026, 11, 20, 10, 1),
+                datetime(2026, 11, 20, 10, 2),
+                "ad-2",
+                "cmp-1",
+                "adv-1",
+                2,
+                1,
+                Decimal("1.000003000"),
+            ),
+            (
+                datetime(2026, 11, 20, 10, 2),
+                datetime(2026, 11, 20, 10, 3),
+                "ad-2",
+                "cmp-1",
+                "adv-1",
+                1,
+                0,
+                Decimal("0.000001000"),
+            ),
+        ],
+        "window_start timestamp, window_end timestamp, ad_id string, campaign_id string, "
+        "advertiser_id string, impressions long, clicks long, spend decimal(24,9)",
+    )
+    assertDataFrameEqual(window_metrics(silver), expected)
