@@ -53,3 +53,29 @@ def kafka_rows(
             raw = value
         rows.append(("t", i % partitions, i // partitions, datetime(2026, 11, 20, 10), b"k", raw))
     return spark.createDataFrame(rows, KAFKA_ROW_SCHEMA)
+
+
+def adattr_env(**settings: str) -> dict[str, str]:
+    """This process's environment without any ADATTR_* variable, plus the given settings
+    (``warehouse="/x"`` becomes ``ADATTR_WAREHOUSE=/x``)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADATTR_")}
+    env.update({f"ADATTR_{k.upper()}": v for k, v in settings.items()})
+    return env
+
+
+def run_adattr(env: dict[str, str], *args: str, timeout: float = 600):  # type: ignore[no-untyped-def]
+    """Runs the installed ``adattr`` console script as a user would."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("adattr")), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

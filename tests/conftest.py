@@ -63,16 +63,20 @@ def spark(base_settings: Settings):  # type: ignore[no-untyped-def]
     session.stop()
 
 
-@pytest.fixture
-def settings(base_settings: Settings, tmp_path: Path, kafka_bootstrap: str) -> Settings:
-    """Per-test settings: own warehouse, checkpoints and topics on the shared broker."""
-    suffix = tmp_path.name.replace("_", "-")[-40:]
+def isolated_settings(base: Settings, bootstrap: str, root: Path) -> Settings:
+    """Own warehouse, checkpoints and topics under root, on the shared broker."""
+    suffix = root.name.replace("_", "-")[-40:]
     return replace(
-        base_settings,
-        bootstrap_servers=kafka_bootstrap,
-        warehouse=tmp_path / "warehouse",
-        checkpoints=tmp_path / "checkpoints",
+        base,
+        bootstrap_servers=bootstrap,
+        warehouse=root / "warehouse",
+        checkpoints=root / "checkpoints",
         input_topic=f"ad-events-{suffix}",
         output_topic=f"ad-metrics-{suffix}",
         control_topic=f"adattr-control-{suffix}",
     )
+
+
+@pytest.fixture
+def settings(base_settings: Settings, tmp_path: Path, kafka_bootstrap: str) -> Settings:
+    return isolated_settings(base_settings, kafka_bootstrap, tmp_path)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import replace
 from decimal import Decimal
 
 import pytest
@@ -18,6 +17,7 @@ from pipelines import job
 from pipelines import tables as t
 from pipelines.dimension import upsert_dim_ads
 from schemas import ad_event as c
+from tests.conftest import isolated_settings
 
 pytestmark = pytest.mark.integration
 
@@ -43,14 +43,7 @@ def _fingerprint(spark: SparkSession, settings: Settings) -> dict[str, tuple[int
 @pytest.fixture(scope="module")
 def settings(base_settings: Settings, kafka_bootstrap: str, tmp_path_factory) -> Settings:  # type: ignore[no-untyped-def]
     """One job for the whole module: the tests below run in order on its tables."""
-    root = tmp_path_factory.mktemp("job")
-    return replace(
-        base_settings,
-        bootstrap_servers=kafka_bootstrap,
-        warehouse=root / "warehouse",
-        checkpoints=root / "checkpoints",
-        input_topic=f"ad-events-{root.name}",
-    )
+    return isolated_settings(base_settings, kafka_bootstrap, tmp_path_factory.mktemp("job"))
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +75,13 @@ def test_golden_end_to_end_matches_truth_exactly(spark, settings: Settings, gold
     ledger = spark.read.format("delta").load(f"{_warehouse(settings)}/{t.LEDGER}").collect()
     assert len({r.batch_id for r in ledger}) == len(ledger)
     assert sum(r.counts["read"] for r in ledger) == seen["records"]
+
+
+def test_state_lives_in_rocksdb_with_changelog_checkpointing(settings: Settings, golden) -> None:  # type: ignore[no-untyped-def]
+    state = job.current_generation(settings.checkpoints).checkpoint / "state"
+    files = [p.name for p in state.rglob("*") if p.is_file()]
+    assert any(name.endswith(".changelog") for name in files), files[:20]
+    assert not any(name.endswith(".delta") for name in files)
 
 
 def test_reexecuted_batch_changes_nothing(spark, settings: Settings, golden) -> None:  # type: ignore[no-untyped-def]

@@ -2,66 +2,41 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.builders import adattr_env, run_adattr
+
 pytestmark = pytest.mark.integration
 
 
-def test_demo_generates_runs_and_verifies(kafka_bootstrap: str, tmp_path: Path) -> None:
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("ADATTR_")},
-        "ADATTR_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "ADATTR_WAREHOUSE": str(tmp_path / "warehouse"),
-        "ADATTR_CHECKPOINTS": str(tmp_path / "checkpoints"),
-        "ADATTR_DATA_DIR": str(tmp_path / "data"),
-        "ADATTR_INPUT_TOPIC": "quickstart-events",
-        "ADATTR_SPARK_MASTER": "local[2]",
-    }
-    adattr = Path(sys.executable).with_name("adattr")
-    done = subprocess.run(
-        [str(adattr), "demo", "--events", "3000"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+def _env(kafka_bootstrap: str, tmp_path: Path, topic: str) -> dict[str, str]:
+    return adattr_env(
+        bootstrap_servers=kafka_bootstrap,
+        warehouse=str(tmp_path / "warehouse"),
+        checkpoints=str(tmp_path / "checkpoints"),
+        data_dir=str(tmp_path / "data"),
+        input_topic=topic,
+        spark_master="local[2]",
     )
+
+
+def test_demo_generates_runs_and_verifies(kafka_bootstrap: str, tmp_path: Path) -> None:
+    env = _env(kafka_bootstrap, tmp_path, "quickstart-events")
+    done = run_adattr(env, "demo", "--events", "3000")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "verify: OK" in done.stdout
     assert "cmp-000" in done.stdout  # the per-campaign summary
     # A second demo resets what the first created and verifies again.
-    again = subprocess.run(
-        [str(adattr), "demo", "--events", "1000", "--seed", "2"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    again = run_adattr(env, "demo", "--events", "1000", "--seed", "2")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "verify: OK" in again.stdout
 
 
 def test_demo_refuses_to_wipe_data_it_did_not_create(kafka_bootstrap: str, tmp_path: Path) -> None:
-    warehouse = tmp_path / "warehouse"
-    (warehouse / "precious").mkdir(parents=True)
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("ADATTR_")},
-        "ADATTR_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "ADATTR_WAREHOUSE": str(warehouse),
-        "ADATTR_CHECKPOINTS": str(tmp_path / "checkpoints"),
-        "ADATTR_DATA_DIR": str(tmp_path / "data"),
-        "ADATTR_INPUT_TOPIC": "quickstart-refuse",
-    }
-    adattr = Path(sys.executable).with_name("adattr")
-    done = subprocess.run(
-        [str(adattr), "demo"], env=env, capture_output=True, text=True, timeout=300, check=False
-    )
+    (tmp_path / "warehouse" / "precious").mkdir(parents=True)
+    done = run_adattr(_env(kafka_bootstrap, tmp_path, "quickstart-refuse"), "demo", timeout=300)
     assert done.returncode == 1
-    assert "holds data it did not create" in done.stderr or "data it did not create" in done.stderr
-    assert (warehouse / "precious").exists()
+    assert "data it did not create" in done.stderr
+    assert (tmp_path / "warehouse" / "precious").exists()

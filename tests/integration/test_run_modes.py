@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,11 +16,12 @@ from pyspark.sql import SparkSession
 from app.generator import GenConfig, plan_traffic, produce
 from app.kafka_io import app_topics, ensure_topics
 from app.settings import Settings
+from app.spark import STATE_STORE_PROVIDERS
 from app.verify import diff, observed
 from pipelines import job
 from pipelines import tables as t
 from pipelines.dimension import upsert_dim_ads
-from tests.builders import event
+from tests.builders import adattr_env, event
 
 pytestmark = pytest.mark.integration
 
@@ -39,15 +39,14 @@ def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Sett
     traffic = plan_traffic(GenConfig(events=2000, seed=5, users=50, ads=10, late_ratio=0))
     ensure_topics(settings.bootstrap_servers, app_topics(settings))
     upsert_dim_ads(spark, str(settings.warehouse.resolve()), traffic.dim_rows)
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("ADATTR_")},
-        "ADATTR_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-        "ADATTR_WAREHOUSE": str(settings.warehouse),
-        "ADATTR_CHECKPOINTS": str(settings.checkpoints),
-        "ADATTR_INPUT_TOPIC": settings.input_topic,
-        "ADATTR_SPARK_MASTER": "local[2]",
-        "ADATTR_MAX_OFFSETS_PER_TRIGGER": "700",  # several batches
-    }
+    env = adattr_env(
+        bootstrap_servers=settings.bootstrap_servers,
+        warehouse=str(settings.warehouse),
+        checkpoints=str(settings.checkpoints),
+        input_topic=settings.input_topic,
+        spark_master="local[2]",
+        max_offsets_per_trigger="700",  # several batches
+    )
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("adattr")), "run"],
         env=env,
@@ -76,7 +75,21 @@ def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Sett
 
 
 def test_dimension_change_is_picked_up_by_later_batches(spark, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    """Also runs on the HDFS-backed state store, the selectable alternative to RocksDB."""
     warehouse = str(settings.warehouse.resolve())
+    provider = "spark.sql.streaming.stateStore.providerClass"
+    default_provider = spark.conf.get(provider)
+    spark.conf.set(provider, STATE_STORE_PROVIDERS["hdfs"])
+    try:
+        _dimension_change(spark, settings, warehouse)
+    finally:
+        spark.conf.set(provider, default_provider)
+    state = job.current_generation(settings.checkpoints).checkpoint / "state"
+    assert any(p.name.endswith(".delta") for p in state.rglob("*"))
+    assert not any(p.name.endswith(".changelog") for p in state.rglob("*"))
+
+
+def _dimension_change(spark: SparkSession, settings: Settings, warehouse: str) -> None:
     ensure_topics(settings.bootstrap_servers, app_topics(settings))
     upsert_dim_ads(spark, warehouse, [("ad-1", "cmp-1", "adv-1", Decimal("2"), Decimal("1"))])
 
