@@ -179,9 +179,9 @@ class LocalBroker:
         self.pid_file.write_text(str(proc.pid))
         try:
             wait_until_ready(self.bootstrap, timeout, alive=lambda: proc.poll() is None)
-        except BrokerError:
+        except BrokerError as exc:
             self.stop()
-            raise
+            raise BrokerError(f"{exc}; last lines of {self.log_file}:\n{self.tail_log()}") from None
         return self.status()
 
     def stop(self, timeout: float = 60.0) -> bool:

@@ -9,6 +9,8 @@ from typing import cast
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
+from schemas.ad_event import event_struct
+
 DIM_ADS = "dim_ads"
 BRONZE = "bronze_ad_events"
 QUARANTINE = "quarantine_ad_events"
@@ -19,10 +21,8 @@ LEDGER = "ledger"
 
 _COORDS = "kafka_topic string, kafka_partition int, kafka_offset long, kafka_timestamp timestamp"
 _PROVENANCE = "generation int, batch_id long"
-_EVENT = (
-    "event_id string, event_type string, event_time timestamp, user_id string, ad_id string, "
-    "impression_id string, advertiser_id string, revenue decimal(18,6), schema_version int"
-)
+# The event columns come from the contract (schemas/ad_event.v1.json), never restated here.
+_EVENT = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in event_struct().fields)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from pyspark.sql import functions as F
 
 from schemas import ad_event as c
 
-KAFKA_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp")
 AD_EVENT_TYPES = ("impression", "click")
 WINDOW = "1 minute"
 # Outcomes of a contract-valid record, beside the quarantine reasons.
