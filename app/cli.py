@@ -105,8 +105,11 @@ def gen_config(args: argparse.Namespace, settings: Settings) -> GenConfig:
         duplicate_ratio=args.duplicate_ratio,
         late_ratio=args.late_ratio,
         malformed_ratio=args.malformed_ratio,
+        step_ms=args.step_ms,
         watermark_delay_s=settings.watermark_delay_seconds,
         max_record_bytes=settings.max_record_bytes,
+        lookback_s=settings.attribution_lookback_seconds,
+        session_gap_s=settings.session_gap_seconds,
     )
     try:
         cfg.validate()
@@ -181,7 +184,10 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     print(
         f"verify: OK: {truth['records']:,} records, {len(truth['windows']):,} windows, "
         f"{sum(truth['quarantine'].values()):,} quarantined, {truth['duplicates']:,} duplicates, "
-        f"{truth['late']:,} late: the tables match {args.truth} exactly"
+        f"{truth['late']:,} late, {len(truth['attributions']):,} conversions "
+        f"({sum(a['status'] == 'attributed' for a in truth['attributions']):,} attributed), "
+        f"{len(truth['ctr_1h']):,} hourly CTR windows, {len(truth['sessions']):,} closed "
+        f"sessions: the tables match {args.truth} exactly"
     )
     return 0
 
@@ -230,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--malformed-ratio", type=float, default=0.01)
     gen.add_argument("--users", type=int, default=500)
     gen.add_argument("--ads", type=int, default=50)
+    gen.add_argument(
+        "--step-ms",
+        type=int,
+        default=200,
+        help="event time between consecutive records (default 200: 20k records span ~67 min)",
+    )
     gen.add_argument("--truth", help="write the expected results to this JSON file")
     gen.add_argument("--dim-csv", help="write the matching dim_ads CSV to this file")
     gen.add_argument(

@@ -2,9 +2,13 @@
 
 ``plan_traffic`` is pure and deterministic (same config and seed, same bytes): impressions from
 many users over many ads, clicks on a few percent of impressions (each pointing at an earlier
-impression of the same user), conversions on a share of clicks (later in time), producer-retry
-duplicates (the same bytes again, soon after), records that break the contract in every way the
-job must quarantine, and late events.
+impression of the same user), conversions on a share of clicks (later in time) and a few organic
+ones, producer-retry duplicates (the same bytes again, soon after), records that break the
+contract in every way the job must quarantine, and late events. Clicks and conversions are sent
+up to a minute after their event time, so a conversion sometimes arrives before its click.
+
+The truth (``truth.py``) is computed from the accepted events in plain Python, sharing no code
+with the Spark job.
 
 Lateness depends on the job's watermark, which only moves between micro-batches, so late events
 form a separate *tail* segment: each is older than the main segment's newest event minus the
@@ -25,12 +29,15 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from app.truth import Accepted, expected_results
 from schemas import ad_event as c
 
 BASE_TIME = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
 CLICK_RATE = 0.04
 CONVERSION_RATE = 0.15
+ORGANIC_RATE = 0.002
 JITTER_MS = 20_000
+SEND_DELAY_MS = 60_000
 LATE_MARGIN = timedelta(minutes=2)
 BAD_KINDS = (
     c.MALFORMED_JSON,
@@ -56,13 +63,15 @@ class GenConfig:
     duplicate_ratio: float = 0.02
     late_ratio: float = 0.001
     malformed_ratio: float = 0.01
-    step_ms: int = 20
+    step_ms: int = 200  # event time advances this much per record: 20k records ~ 67 minutes
     watermark_delay_s: int = 600
     max_record_bytes: int = 16384
+    lookback_s: int = 86_400
+    session_gap_s: int = 1800
 
     def validate(self) -> None:
-        if self.events < 1 or self.users < 1 or self.ads < 1:
-            raise ValueError("--events, --users and --ads must be at least 1")
+        if self.events < 1 or self.users < 1 or self.ads < 1 or self.step_ms < 1:
+            raise ValueError("--events, --users, --ads and --step-ms must be at least 1")
         for name in ("duplicate_ratio", "late_ratio", "malformed_ratio"):
             if not 0 <= getattr(self, name) < 0.5:
                 raise ValueError(f"--{name.replace('_', '-')} must be in [0, 0.5)")
@@ -106,10 +115,12 @@ def plan_traffic(cfg: GenConfig) -> Traffic:
     users = [f"user-{i:05d}" for i in range(cfg.users)]
     scheduled: list[tuple[datetime, int, dict[str, Any]]] = []  # clicks, conversions
     recent: deque[tuple[bytes, bytes]] = deque(maxlen=200)
-    windows: dict[tuple[str, str], list[Any]] = defaultdict(lambda: [0, 0, Decimal(0)])
     quarantine: dict[str, int] = defaultdict(int)
-    counters = {"duplicates": 0, "accepted": 0, "seq": 0}
-    max_time = BASE_TIME
+    counters = {"duplicates": 0, "seq": 0}
+    accepted: list[Accepted] = []
+    max_time = BASE_TIME  # the newest event time the job's watermark sees
+    org_rng = random.Random(cfg.seed * 31 + 5)
+    advertisers = sorted({row[2] for row in traffic.dim_rows})
 
     def next_id(prefix: str) -> str:
         counters["seq"] += 1
@@ -121,18 +132,24 @@ def plan_traffic(cfg: GenConfig) -> Traffic:
         record = (evt["user_id"].encode(), value)
         traffic.main.append(record)
         recent.append(record)
-        counters["accepted"] += 1
         t = datetime.strptime(evt["event_time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
         max_time = max(max_time, t)
-        if evt["event_type"] in ("impression", "click"):
-            ad = ads[evt["ad_id"]]
-            w = windows[(iso_millis(t.replace(second=0, microsecond=0)), evt["ad_id"])]
-            if evt["event_type"] == "impression":
-                w[0] += 1
-                w[2] += ad[3] / 1000
-            else:
-                w[1] += 1
-                w[2] += ad[4]
+        ad = ads.get(evt.get("ad_id", ""))
+        accepted.append(
+            Accepted(
+                event_id=evt["event_id"],
+                event_type=evt["event_type"],
+                time=t,
+                user_id=evt["user_id"],
+                ad_id=ad[0] if ad else None,
+                campaign_id=ad[1] if ad else None,
+                advertiser_id=ad[2] if ad else evt["advertiser_id"],
+                cost=(ad[3] / 1000 if evt["event_type"] == "impression" else ad[4])
+                if ad
+                else Decimal(0),
+                revenue=Decimal(str(evt["revenue"])) if "revenue" in evt else Decimal(0),
+            )
+        )
 
     def base_event(kind: str, at: datetime, user: str) -> dict[str, Any]:
         return {
@@ -180,12 +197,22 @@ def plan_traffic(cfg: GenConfig) -> Traffic:
             emit(heapq.heappop(scheduled)[2])
         if len(traffic.main) >= cfg.events:
             break
+        if org_rng.random() < ORGANIC_RATE:  # a conversion no click led to (or so it seems)
+            organic = base_event("conversion", now, org_rng.choice(users))
+            organic.update(
+                advertiser_id=org_rng.choice(advertisers),
+                revenue=str(Decimal(org_rng.randint(100, 20_000)) / 100),
+            )
+            emit(organic)
+            continue
         r = rng.random()
         if r < cfg.malformed_ratio:
             reason = BAD_KINDS[bad_index % len(BAD_KINDS)]
             bad_index += 1
             traffic.main.append((b"bad", bad_record(reason, now)))
             quarantine[reason] += 1
+            if reason == c.UNKNOWN_AD:
+                max_time = max(max_time, now)  # valid JSON: it moves the watermark
             continue
         if r < cfg.malformed_ratio + cfg.duplicate_ratio and recent:
             traffic.main.append(rng.choice(recent))  # a producer retry: the very same bytes
@@ -200,9 +227,12 @@ def plan_traffic(cfg: GenConfig) -> Traffic:
             click_at = at + timedelta(milliseconds=rng.randint(500, 20_000))
             click = base_event("click", click_at, user)
             click.update(ad_id=impression["ad_id"], impression_id=impression["event_id"])
-            heapq.heappush(scheduled, (click_at, counters["seq"], click))
+            send_at = click_at + timedelta(milliseconds=rng.randint(0, SEND_DELAY_MS))
+            heapq.heappush(scheduled, (send_at, counters["seq"], click))
             if rng.random() < CONVERSION_RATE:
-                conv_at = click_at + timedelta(seconds=rng.randint(5, 600))
+                # Half convert within half a minute, which the send delay often reorders.
+                quick = rng.random() < 0.5
+                conv_at = click_at + timedelta(seconds=rng.randint(1, 30 if quick else 300))
                 conv = base_event("conversion", conv_at, user)
                 revenue = Decimal(rng.randint(100, 50_000)) / 100
                 conv.update(
@@ -210,7 +240,8 @@ def plan_traffic(cfg: GenConfig) -> Traffic:
                     # Both encodings the contract allows: a JSON number and a decimal string.
                     revenue=float(revenue) if rng.random() < 0.5 else str(revenue),
                 )
-                heapq.heappush(scheduled, (conv_at, counters["seq"], conv))
+                send_at = conv_at + timedelta(milliseconds=rng.randint(0, SEND_DELAY_MS))
+                heapq.heappush(scheduled, (send_at, counters["seq"], conv))
 
     late_count = round(cfg.events * cfg.late_ratio)
     if cfg.late_ratio > 0:
@@ -222,12 +253,6 @@ def plan_traffic(cfg: GenConfig) -> Traffic:
         e["ad_id"] = rng.choice(ad_ids)
         traffic.tail.append((e["user_id"].encode(), json.dumps(e, separators=(",", ":")).encode()))
 
-    by_campaign: dict[str, list[Any]] = defaultdict(lambda: [0, 0, Decimal(0)])
-    for (_, ad_id), (imps, clicks, spend) in windows.items():
-        agg = by_campaign[ads[ad_id][1]]
-        agg[0] += imps
-        agg[1] += clicks
-        agg[2] += spend
     traffic.truth = {
         "contract": "ad_event.v1",
         "config": cfg.__dict__,
@@ -236,25 +261,13 @@ def plan_traffic(cfg: GenConfig) -> Traffic:
         "quarantine": dict(sorted(quarantine.items())),
         "duplicates": counters["duplicates"],
         "late": len(traffic.tail),
-        "accepted": counters["accepted"],
-        "windows": [
-            {
-                "window_start": ws,
-                "ad_id": ad_id,
-                "impressions": v[0],
-                "clicks": v[1],
-                "spend": str(v[2].quantize(Decimal("0.000000001"))),
-            }
-            for (ws, ad_id), v in sorted(windows.items())
-        ],
-        "campaigns": {
-            k: {
-                "impressions": v[0],
-                "clicks": v[1],
-                "spend": str(v[2].quantize(Decimal("0.000000001"))),
-            }
-            for k, v in sorted(by_campaign.items())
-        },
+        "accepted": len(accepted),
+        **expected_results(
+            accepted,
+            lookback=timedelta(seconds=cfg.lookback_s),
+            gap=timedelta(seconds=cfg.session_gap_s),
+            final_watermark=max_time - timedelta(seconds=cfg.watermark_delay_s),
+        ),
     }
     return traffic
 

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 PREFIX = "ADATTR_"
 # Read by shell scripts (infra/setup.sh), not by the application; accepted so they do not trip
@@ -87,10 +88,25 @@ class Settings:
     trigger_interval: str = field(
         default="1 second", metadata={"doc": "processing-time trigger of 'adattr run'"}
     )
+    attribution_lookback: str = field(
+        default="24 hours",
+        metadata={"doc": "how far before a conversion its click may be (last-click attribution)"},
+    )
+    session_gap: str = field(
+        default="30 minutes", metadata={"doc": "inactivity gap that closes a user session"}
+    )
 
     @property
     def watermark_delay_seconds(self) -> int:
         return parse_duration_seconds(self.watermark_delay)
+
+    @property
+    def attribution_lookback_seconds(self) -> int:
+        return parse_duration_seconds(self.attribution_lookback)
+
+    @property
+    def session_gap_seconds(self) -> int:
+        return parse_duration_seconds(self.session_gap)
 
     def table_path(self, name: str) -> str:
         return str((self.warehouse / name).resolve())
@@ -113,7 +129,7 @@ class Settings:
         return settings
 
     def validate(self) -> None:
-        def fail(name: str, why: str) -> None:
+        def fail(name: str, why: str) -> NoReturn:
             raise SettingsError(f"{PREFIX}{name.upper()}={getattr(self, name)!r}: {why}")
 
         if not self.bootstrap_servers.strip():
@@ -124,11 +140,13 @@ class Settings:
                 fail("bootstrap_servers", f"{hp!r} is not host:port")
         if self.state_store not in STATE_STORES:
             fail("state_store", f"must be one of {', '.join(STATE_STORES)}")
-        for name in ("watermark_delay", "trigger_interval"):
+        for name in ("watermark_delay", "trigger_interval", "attribution_lookback", "session_gap"):
             try:
-                parse_duration_seconds(getattr(self, name))
+                seconds = parse_duration_seconds(getattr(self, name))
             except ValueError as exc:
                 fail(name, str(exc))
+            if seconds < 1 and name in ("attribution_lookback", "session_gap"):
+                fail(name, "must be at least 1 second")
         for name in ("input_partitions", "shuffle_partitions", "max_record_bytes"):
             if getattr(self, name) < 1:
                 fail(name, "must be at least 1")

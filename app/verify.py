@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
@@ -17,18 +18,98 @@ def _load(spark: SparkSession, warehouse: str, name: str) -> DataFrame:
     return spark.read.format("delta").load(f"{warehouse}/{name}")
 
 
+def _iso(column: str) -> Column:
+    return F.date_format(column, ISO).alias(column)
+
+
+def _money(value: Any) -> str | None:
+    return None if value is None else str(Decimal(value).quantize(Decimal("0.000001")))
+
+
+def _ctr(value: float | None) -> float | None:
+    return None if value is None else round(value, 12)
+
+
+def windows_of(truth: dict[str, Any]) -> dict[tuple[str, str], tuple[Any, ...]]:
+    return {
+        (w["window_start"], w["ad_id"]): (
+            w["impressions"],
+            w["clicks"],
+            Decimal(w["spend"]),
+            w["conversions"],
+            _money(w["revenue"]),
+        )
+        for w in truth["windows"]
+    }
+
+
+def attributions_of(truth: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
+    return {
+        a["conversion_id"]: (
+            a["conversion_time"],
+            a["user_id"],
+            a["advertiser_id"],
+            _money(a["revenue"]),
+            a["click_id"],
+            a["click_time"],
+            a["ad_id"],
+            a["campaign_id"],
+            a["status"],
+        )
+        for a in truth["attributions"]
+    }
+
+
+def ctr_of(truth: dict[str, Any]) -> dict[tuple[str, str], tuple[Any, ...]]:
+    return {
+        (h["window_start"], h["campaign_id"]): (h["impressions"], h["clicks"], _ctr(h["ctr"]))
+        for h in truth["ctr_1h"]
+    }
+
+
+def sessions_of(truth: dict[str, Any]) -> dict[tuple[str, str], tuple[Any, ...]]:
+    return {
+        (s["user_id"], s["session_start"]): (
+            s["session_end"],
+            s["events"],
+            s["impressions"],
+            s["clicks"],
+            s["conversions"],
+            _money(s["revenue"]),
+        )
+        for s in truth["sessions"]
+    }
+
+
 def observed(spark: SparkSession, warehouse: str, app_id: str) -> dict[str, Any]:
     """What the tables say, in the truth file's shape."""
-    gold = (
-        _load(spark, warehouse, t.GOLD_1M)
-        .select(
-            F.date_format("window_start", ISO).alias("window_start"),
-            "ad_id",
-            "impressions",
-            "clicks",
-            "spend",
-        )
-        .collect()
+    gold = _load(spark, warehouse, t.GOLD_1M).select(
+        _iso("window_start"), "ad_id", "impressions", "clicks", "spend", "conversions", "revenue"
+    )
+    attributions = _load(spark, warehouse, t.ATTRIBUTIONS).select(
+        "conversion_id",
+        _iso("conversion_time"),
+        "user_id",
+        "advertiser_id",
+        "revenue",
+        "click_id",
+        _iso("click_time"),
+        "ad_id",
+        "campaign_id",
+        "status",
+    )
+    ctr = _load(spark, warehouse, t.CTR_1H).select(
+        _iso("window_start"), "campaign_id", "impressions", "clicks", "ctr"
+    )
+    sessions = _load(spark, warehouse, t.SESSIONS).select(
+        "user_id",
+        _iso("session_start"),
+        _iso("session_end"),
+        "events",
+        "impressions",
+        "clicks",
+        "conversions",
+        "revenue",
     )
     quarantine = _load(spark, warehouse, t.QUARANTINE).groupBy("reason").count().collect()
     ledger = (
@@ -47,9 +128,56 @@ def observed(spark: SparkSession, warehouse: str, app_id: str) -> dict[str, Any]
         "late": _load(spark, warehouse, t.LATE).count(),
         "accepted": _load(spark, warehouse, t.SILVER).count(),
         "windows": {
-            (r.window_start, r.ad_id): (r.impressions, r.clicks, Decimal(r.spend)) for r in gold
+            (r.window_start, r.ad_id): (
+                r.impressions,
+                r.clicks,
+                Decimal(r.spend),
+                r.conversions,
+                _money(r.revenue),
+            )
+            for r in gold.collect()
+        },
+        "attributions": {
+            r.conversion_id: (
+                r.conversion_time,
+                r.user_id,
+                r.advertiser_id,
+                _money(r.revenue),
+                r.click_id,
+                r.click_time,
+                r.ad_id,
+                r.campaign_id,
+                r.status,
+            )
+            for r in attributions.collect()
+        },
+        "ctr_1h": {
+            (r.window_start, r.campaign_id): (r.impressions, r.clicks, _ctr(r.ctr))
+            for r in ctr.collect()
+        },
+        "sessions": {
+            (r.user_id, r.session_start): (
+                r.session_end,
+                r.events,
+                r.impressions,
+                r.clicks,
+                r.conversions,
+                _money(r.revenue),
+            )
+            for r in sessions.collect()
         },
     }
+
+
+KEYED: dict[str, tuple[Callable[[dict[str, Any]], dict[Any, tuple[Any, ...]]], str]] = {
+    "windows": (windows_of, "(impressions, clicks, spend, conversions, revenue)"),
+    "attributions": (
+        attributions_of,
+        "(conversion_time, user, advertiser, revenue, click_id, click_time, ad, campaign, status)",
+    ),
+    "ctr_1h": (ctr_of, "(impressions, clicks, ctr)"),
+    "sessions": (sessions_of, "(session_end, events, impressions, clicks, conversions, revenue)"),
+}
 
 
 def diff(truth: dict[str, Any], seen: dict[str, Any]) -> list[str]:
@@ -62,17 +190,12 @@ def diff(truth: dict[str, Any], seen: dict[str, Any]) -> list[str]:
         want, got = truth["quarantine"].get(reason, 0), seen["quarantine"].get(reason, 0)
         if want != got:
             problems.append(f"quarantine[{reason}]: expected {want}, tables have {got}")
-    expected = {
-        (w["window_start"], w["ad_id"]): (w["impressions"], w["clicks"], Decimal(w["spend"]))
-        for w in truth["windows"]
-    }
-    for key in sorted(set(expected) | set(seen["windows"])):
-        want, got = expected.get(key), seen["windows"].get(key)
-        if want != got:
-            problems.append(
-                f"window {key[0]} {key[1]}: expected (impressions, clicks, spend) {want}, "
-                f"tables have {got}"
-            )
+    for name, (expected_of, fields) in KEYED.items():
+        expected = expected_of(truth)
+        for key in sorted(set(expected) | set(seen[name]), key=str):
+            want, got = expected.get(key), seen[name].get(key)
+            if want != got:
+                problems.append(f"{name} {key}: expected {fields} {want}, tables have {got}")
     return problems
 
 

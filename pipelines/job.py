@@ -96,7 +96,15 @@ def start(spark: SparkSession, settings: Settings, *, available_now: bool) -> St
     create_tables(spark, warehouse)
     gen = current_generation(settings.checkpoints)
     sink = AttributionSink(
-        spark, SinkContext(warehouse, gen.checkpoint.resolve(), gen.app_id, gen.number)
+        spark,
+        SinkContext(
+            warehouse,
+            gen.checkpoint.resolve(),
+            gen.app_id,
+            gen.number,
+            lookback_seconds=settings.attribution_lookback_seconds,
+            session_gap_seconds=settings.session_gap_seconds,
+        ),
     )
     writer = (
         attribution_stream(read_events(spark, settings), settings)

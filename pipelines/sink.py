@@ -29,13 +29,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
 from pipelines.delta_writes import delta_txn
 from pipelines.dimension import dim_snapshot
-from pipelines.transforms import ACCEPTED, AD_EVENT_TYPES, LATE, classify, enrich, window_metrics
+from pipelines.gold import (
+    ATTRIBUTION_COLUMNS,
+    attribute,
+    campaign_ctr,
+    reopened,
+    user_sessions,
+    window_metrics,
+)
+from pipelines.transforms import ACCEPTED, LATE, classify, enrich
 from schemas import ad_event as c
 
 log = logging.getLogger("adattr.sink")
@@ -69,6 +77,8 @@ class SinkContext:
     checkpoint: Path
     app_id: str
     generation: int
+    lookback_seconds: int
+    session_gap_seconds: int
 
 
 class StepTimer:
@@ -153,10 +163,12 @@ class AttributionSink:
             r = ranges.setdefault((s.kafka_topic, s.kafka_partition), [s.lo, s.hi, 0])
             r[0], r[1], r[2] = min(r[0], s.lo), max(r[1], s.hi), r[2] + s.n
             counts[s.outcome] = counts.get(s.outcome, 0) + s.n
+        # Outcomes add up to what was read; the derived counts below are added after this.
+        counts["read"] = sum(counts.values())
         by_coordinates = _coordinates_condition(ranges)
 
         # An empty source inserts nothing: skipping its MERGE is the same result, for free.
-        if counts:
+        if counts["read"]:
             self._insert_new(t.BRONZE, rows.select(*t.columns(t.BRONZE)), by_coordinates, batch_id)
         if any(reason in counts for reason in c.REASONS):
             quarantined = rows.where(F.col("outcome").isin(*c.REASONS)).withColumns(
@@ -175,9 +187,9 @@ class AttributionSink:
             self._insert_new(t.LATE, late.select(*t.columns(t.LATE)), by_coordinates, batch_id)
 
         accepted = [s for s in stats if s.outcome == ACCEPTED]
+        span = None
         if accepted:
-            t_lo = min(s.t_lo for s in accepted)
-            t_hi = max(s.t_hi for s in accepted)
+            span = (min(s.t_lo for s in accepted), max(s.t_hi for s in accepted))
             silver = rows.where(F.col("outcome") == ACCEPTED).withColumn(
                 "dim_version", F.lit(dim_version)
             )
@@ -187,14 +199,23 @@ class AttributionSink:
                 t.SILVER,
                 silver.select(*t.columns(t.SILVER)),
                 "t.event_id = s.event_id AND t.event_time BETWEEN "
-                f"timestamp_millis({t_lo}) AND timestamp_millis({t_hi})",
+                f"timestamp_millis({span[0]}) AND timestamp_millis({span[1]})",
                 batch_id,
             )
-            self._update_gold(batch_id, meta.watermark_ms, (t_lo, t_hi))
-        elif previous is None or meta.watermark_ms > previous.watermark_ms:
-            self._update_gold(batch_id, meta.watermark_ms, None)
+        # Everything below is derived from silver. A watermark that moved finalises rows (and
+        # closes sessions) even in a batch without new events.
+        w_prev = previous.watermark_ms if previous is not None else 0
+        advanced = meta.watermark_ms > w_prev
+        reattributed = self._update_attributions(
+            rows if accepted else None, batch_id, meta.watermark_ms, advanced, counts
+        )
+        span = _cover(span, reattributed)
+        if span is not None or advanced:
+            self._update_gold(batch_id, meta.watermark_ms, span)
+            self._update_ctr(batch_id, meta.watermark_ms, span)
+        if advanced:
+            self._close_sessions(batch_id, w_prev, meta.watermark_ms, counts)
 
-        counts["read"] = sum(counts.values())
         self.last_counts = " ".join(f"{k}={v:,}" for k, v in sorted(counts.items()))
         offsets = [(tp, p, lo, hi, n) for (tp, p), (lo, hi, n) in sorted(ranges.items())]
         millis = {
@@ -229,43 +250,143 @@ class AttributionSink:
             )
         self.timer.mark(name)
 
+    def _load(self, name: str) -> DataFrame:
+        return self.spark.read.format("delta").load(self.path(name))
+
+    def _provenance(self, df: DataFrame, batch_id: int) -> DataFrame:
+        return df.withColumns(
+            {"generation": F.lit(self.ctx.generation), "batch_id": F.lit(batch_id).cast("long")}
+        )
+
+    def _update_attributions(
+        self,
+        rows: DataFrame | None,
+        batch_id: int,
+        watermark_ms: int,
+        advanced: bool,
+        counts: dict[str, int],
+    ) -> tuple[int, int] | None:
+        """(Re)attributes the conversions this batch can have changed and returns their
+        conversion-time span: its new conversions, and the pending (not final) ones that one of
+        its new clicks now precedes within the lookback, so a click that arrives after its
+        conversion gives the answer event-time order would have. A final attribution is never
+        touched: its conversion time is at or behind the watermark, so no click that could
+        precede it can be accepted any more."""
+        from delta.tables import DeltaTable
+
+        lookback = self.ctx.lookback_seconds
+        span = None
+        source = None
+        affected = None
+        if rows is not None:
+            new = rows.where(F.col("outcome") == ACCEPTED)
+            pending = (
+                self._load(t.ATTRIBUTIONS)
+                .where(~F.col("is_final"))
+                .select(
+                    F.col("conversion_id").alias("event_id"),
+                    F.col("conversion_time").alias("event_time"),
+                    "user_id",
+                    "advertiser_id",
+                    "revenue",
+                )
+            )
+            reopen = reopened(
+                pending, new.where(F.col("event_type") == "click"), lookback_seconds=lookback
+            )
+            affected = (
+                new.where(F.col("event_type") == "conversion")
+                .select(*pending.columns)
+                .unionByName(reopen)
+                .dropDuplicates(["event_id"])
+                .persist(StorageLevel.MEMORY_AND_DISK)
+            )
+            found = affected.agg(
+                F.count("*").alias("n"),
+                F.expr("unix_millis(min(event_time))").alias("lo"),
+                F.expr("unix_millis(max(event_time))").alias("hi"),
+            ).first()
+            if found is not None and found.n:
+                span = (int(found.lo), int(found.hi))
+                counts["attributions_computed"] = int(found.n)
+                clicks = (
+                    self._load(t.SILVER)
+                    .where(
+                        (F.col("event_type") == "click")
+                        & (
+                            F.col("event_time")
+                            >= F.timestamp_millis(F.lit(span[0]))
+                            - F.expr(f"INTERVAL {lookback} SECONDS")
+                        )
+                        & (F.col("event_time") < F.timestamp_millis(F.lit(span[1])))
+                    )
+                    .join(affected.select("user_id").distinct(), "user_id", "left_semi")
+                )
+                source = attribute(affected, clicks, lookback_seconds=lookback)
+        if source is None and not advanced:
+            if affected is not None:
+                affected.unpersist()
+            return None
+        if source is None:
+            source = self.spark.createDataFrame([], t.schema(t.ATTRIBUTIONS)).select(
+                *ATTRIBUTION_COLUMNS
+            )
+        watermark = f"timestamp_millis({watermark_ms})"
+        source = self._provenance(
+            source.withColumn("is_final", F.col("conversion_time") <= F.expr(watermark)), batch_id
+        )
+        with delta_txn(self.spark, self.ctx.app_id, batch_id):
+            (
+                DeltaTable.forPath(self.spark, self.path(t.ATTRIBUTIONS))
+                .alias("t")
+                .merge(source.alias("s"), "t.conversion_id = s.conversion_id")
+                .whenMatchedUpdateAll(condition="NOT t.is_final")
+                .whenNotMatchedInsertAll()
+                .whenNotMatchedBySourceUpdate(
+                    condition=f"NOT t.is_final AND t.conversion_time <= {watermark}",
+                    set={"is_final": "true"},
+                )
+                .execute()
+            )
+        if affected is not None:
+            affected.unpersist()
+        self.timer.mark(t.ATTRIBUTIONS)
+        return span
+
     def _update_gold(self, batch_id: int, watermark_ms: int, span: tuple[int, int] | None) -> None:
-        """Recomputes the 1-minute windows the batch touched from silver, and marks windows
-        final once the watermark has passed their end."""
+        """Recomputes the 1-minute windows of the span from silver and the attributions, and
+        marks windows final once the watermark has passed their end. A window of the span that
+        the recomputation no longer produces (its only conversion was re-attributed to another
+        ad) is deleted."""
         from delta.tables import DeltaTable
 
         watermark = f"timestamp_millis({watermark_ms})"
         if span is None:
-            source = self.spark.createDataFrame([], t.table(t.GOLD_1M).ddl)
+            source = self.spark.createDataFrame([], t.schema(t.GOLD_1M)).drop(
+                "is_final", "generation", "batch_id"
+            )
+            in_span = "false"
         else:
-            lo, hi = span
-            silver = (
-                self.spark.read.format("delta")
-                .load(self.path(t.SILVER))
-                .where(
-                    (F.col("event_time") >= F.date_trunc("minute", F.timestamp_millis(F.lit(lo))))
-                    & (
-                        F.col("event_time")
-                        < F.date_trunc("minute", F.timestamp_millis(F.lit(hi)))
-                        + F.expr("INTERVAL 1 MINUTE")
-                    )
-                    & F.col("event_type").isin(*AD_EVENT_TYPES)
-                )
+            lo, hi = _minute(span[0]), _minute(span[1]) + MINUTE_MS
+            in_span = (
+                f"t.window_start >= timestamp_millis({lo}) "
+                f"AND t.window_start < timestamp_millis({hi})"
             )
-            source = window_metrics(silver).withColumns(
-                {
-                    "is_final": F.col("window_end") <= F.expr(watermark),
-                    "generation": F.lit(self.ctx.generation),
-                    "batch_id": F.lit(batch_id).cast("long"),
-                }
+            source = window_metrics(
+                self._load(t.SILVER).where(_time_between("event_time", lo, hi)),
+                self._load(t.ATTRIBUTIONS).where(_time_between("conversion_time", lo, hi)),
             )
+        source = self._provenance(
+            source.withColumn("is_final", F.col("window_end") <= F.expr(watermark)), batch_id
+        )
         with delta_txn(self.spark, self.ctx.app_id, batch_id):
             (
                 DeltaTable.forPath(self.spark, self.path(t.GOLD_1M))
                 .alias("t")
                 .merge(source.alias("s"), "t.window_start = s.window_start AND t.ad_id = s.ad_id")
-                .whenMatchedUpdateAll()
+                .whenMatchedUpdate(set=_update_keeping_final(t.GOLD_1M))
                 .whenNotMatchedInsertAll()
+                .whenNotMatchedBySourceDelete(condition=f"NOT t.is_final AND {in_span}")
                 .whenNotMatchedBySourceUpdate(
                     condition=f"NOT t.is_final AND t.window_end <= {watermark}",
                     set={"is_final": "true"},
@@ -273,6 +394,151 @@ class AttributionSink:
                 .execute()
             )
         self.timer.mark(t.GOLD_1M)
+
+    def _update_ctr(self, batch_id: int, watermark_ms: int, span: tuple[int, int] | None) -> None:
+        """Recomputes the sliding hours that contain a minute of the span, from the 1-minute
+        windows just written."""
+        from delta.tables import DeltaTable
+
+        watermark = f"timestamp_millis({watermark_ms})"
+        if span is None:
+            source = self.spark.createDataFrame([], t.schema(t.CTR_1H)).drop(
+                "is_final", "generation", "batch_id"
+            )
+            scope = "false"
+        else:
+            # The windows containing minute m start in (m - 1 hour, m], on 5-minute boundaries.
+            first = (_minute(span[0]) - HOUR_MS) // SLIDE_MS * SLIDE_MS + SLIDE_MS
+            last = _minute(span[1]) // SLIDE_MS * SLIDE_MS
+            minutes = self._load(t.GOLD_1M).where(
+                _time_between("window_start", first, last + HOUR_MS)
+            )
+            source = campaign_ctr(minutes).where(
+                _time_between("window_start", first, last + SLIDE_MS)
+            )
+            scope = (
+                f"t.window_start >= timestamp_millis({first}) "
+                f"AND t.window_start <= timestamp_millis({last})"
+            )
+        source = self._provenance(
+            source.withColumn("is_final", F.col("window_end") <= F.expr(watermark)), batch_id
+        )
+        with delta_txn(self.spark, self.ctx.app_id, batch_id):
+            (
+                DeltaTable.forPath(self.spark, self.path(t.CTR_1H))
+                .alias("t")
+                .merge(
+                    source.alias("s"),
+                    "t.window_start = s.window_start AND t.campaign_id = s.campaign_id "
+                    f"AND {scope}",
+                )
+                .whenMatchedUpdate(set=_update_keeping_final(t.CTR_1H))
+                .whenNotMatchedInsertAll()
+                .whenNotMatchedBySourceUpdate(
+                    condition=f"NOT t.is_final AND t.window_end <= {watermark}",
+                    set={"is_final": "true"},
+                )
+                .execute()
+            )
+        self.timer.mark(t.CTR_1H)
+
+    def _close_sessions(
+        self, batch_id: int, w_prev: int, w_cur: int, counts: dict[str, int]
+    ) -> None:
+        """Writes, once, every session the watermark closed in this batch: those ending in
+        (previous watermark, this watermark]. No event at or behind the watermark can be
+        accepted any more, so such a session is complete in silver and can never change.
+
+        Its last event lies in (w_prev - gap, w_cur - gap]: those users are the candidates. Their
+        events are read back from a bounded horizon, widened only while a closing session starts
+        within one gap of the horizon (an earlier event might still belong to it)."""
+        from delta.tables import DeltaTable
+
+        gap_ms = self.ctx.session_gap_seconds * 1000
+        silver = self._load(t.SILVER).select("user_id", "event_type", "event_time", "revenue")
+        candidates = (
+            silver.where(
+                (F.col("event_time") > F.timestamp_millis(F.lit(w_prev - gap_ms)))
+                & (F.col("event_time") <= F.timestamp_millis(F.lit(w_cur - gap_ms)))
+            )
+            .select("user_id")
+            .distinct()
+        )
+        reach = max(4 * gap_ms, w_cur - w_prev)
+        horizon = w_prev - gap_ms - reach
+        earliest: int | None = None
+        while True:
+            closed = (
+                user_sessions(
+                    silver.where(_time_between("event_time", horizon, w_cur)).join(
+                        candidates, "user_id", "left_semi"
+                    ),
+                    gap_seconds=self.ctx.session_gap_seconds,
+                )
+                .where(
+                    (F.col("session_end") > F.timestamp_millis(F.lit(w_prev)))
+                    & (F.col("session_end") <= F.timestamp_millis(F.lit(w_cur)))
+                )
+                .persist(StorageLevel.MEMORY_AND_DISK)
+            )
+            cut = closed.where(F.col("session_start") < F.timestamp_millis(F.lit(horizon + gap_ms)))
+            if cut.isEmpty():
+                break
+            if earliest is None:
+                first = silver.agg(F.expr("unix_millis(min(event_time))")).first()
+                earliest = int(first[0]) if first and first[0] is not None else horizon
+            if horizon <= earliest:
+                break
+            closed.unpersist()
+            horizon -= reach
+            reach *= 2
+        counts["sessions_closed"] = closed.count()
+        scope = (
+            f"t.session_end > timestamp_millis({w_prev}) "
+            f"AND t.session_end <= timestamp_millis({w_cur})"
+        )
+        with delta_txn(self.spark, self.ctx.app_id, batch_id):
+            (
+                DeltaTable.forPath(self.spark, self.path(t.SESSIONS))
+                .alias("t")
+                .merge(
+                    self._provenance(closed, batch_id).alias("s"),
+                    f"t.user_id = s.user_id AND t.session_start = s.session_start AND {scope}",
+                )
+                .whenNotMatchedInsertAll()
+                .execute()
+            )
+        closed.unpersist()
+        self.timer.mark(t.SESSIONS)
+
+
+MINUTE_MS = 60_000
+SLIDE_MS = 5 * MINUTE_MS
+HOUR_MS = 60 * MINUTE_MS
+
+
+def _update_keeping_final(name: str) -> dict[str, str | Column]:
+    """Every column from the source, except that a final row stays final (a replay restarts
+    the watermark at zero; it must not reopen what an earlier generation closed)."""
+    columns: dict[str, str | Column] = {c: f"s.{c}" for c in t.columns(name)}
+    return {**columns, "is_final": "t.is_final OR s.is_final"}
+
+
+def _minute(ms: int) -> int:
+    return ms // MINUTE_MS * MINUTE_MS
+
+
+def _time_between(column: str, lo_ms: int, hi_ms: int) -> Column:
+    """lo <= column < hi, in epoch milliseconds."""
+    return (F.col(column) >= F.timestamp_millis(F.lit(lo_ms))) & (
+        F.col(column) < F.timestamp_millis(F.lit(hi_ms))
+    )
+
+
+def _cover(a: tuple[int, int] | None, b: tuple[int, int] | None) -> tuple[int, int] | None:
+    if a is None or b is None:
+        return a or b
+    return (min(a[0], b[0]), max(a[1], b[1]))
 
 
 def _coordinates_condition(ranges: dict[tuple[str, int], list[int]]) -> str:

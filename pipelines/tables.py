@@ -17,6 +17,9 @@ QUARANTINE = "quarantine_ad_events"
 LATE = "late_ad_events"
 SILVER = "silver_ad_events"
 GOLD_1M = "gold_ad_metrics_1m"
+ATTRIBUTIONS = "gold_attributions"
+CTR_1H = "gold_campaign_ctr_1h"
+SESSIONS = "gold_user_sessions"
 LEDGER = "ledger"
 
 _COORDS = "kafka_topic string, kafka_partition int, kafka_offset long, kafka_timestamp timestamp"
@@ -56,7 +59,27 @@ TABLES = (
         GOLD_1M,
         "window_start timestamp, window_end timestamp, ad_id string, campaign_id string, "
         "advertiser_id string, impressions long, clicks long, spend decimal(24,9), "
-        "is_final boolean, generation int, batch_id long",
+        "conversions long, revenue decimal(24,6), is_final boolean, generation int, batch_id long",
+    ),
+    # One row per conversion; provisional (is_final false) until the watermark passes the
+    # conversion time, after which no earlier click can be accepted and the row never changes.
+    Table(
+        ATTRIBUTIONS,
+        "conversion_id string, conversion_time timestamp, user_id string, advertiser_id string, "
+        "revenue decimal(18,6), click_id string, click_time timestamp, ad_id string, "
+        "campaign_id string, status string, is_final boolean, generation int, batch_id long",
+    ),
+    Table(
+        CTR_1H,
+        "window_start timestamp, window_end timestamp, campaign_id string, impressions long, "
+        "clicks long, ctr double, is_final boolean, generation int, batch_id long",
+    ),
+    # Closed sessions only: a row is written once, when the watermark passes session_end.
+    Table(
+        SESSIONS,
+        "session_start timestamp, session_end timestamp, user_id string, events long, "
+        "impressions long, clicks long, conversions long, revenue decimal(24,6), "
+        "generation int, batch_id long",
     ),
     Table(
         LEDGER,

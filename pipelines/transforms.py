@@ -17,7 +17,6 @@ from pyspark.sql import functions as F
 from schemas import ad_event as c
 
 AD_EVENT_TYPES = ("impression", "click")
-WINDOW = "1 minute"
 # Outcomes of a contract-valid record, beside the quarantine reasons.
 LATE = "late"
 DUPLICATE = "duplicate"
@@ -255,29 +254,4 @@ def enrich(classified: DataFrame, dim_ads: DataFrame) -> DataFrame:
         .withColumn("advertiser_id", F.coalesce("_dim_advertiser_id", "advertiser_id"))
         .withColumn("cost", cost)
         .drop("_dim_advertiser_id", "_known")
-    )
-
-
-def window_metrics(silver: DataFrame) -> DataFrame:
-    """1-minute tumbling event-time windows per ad: impressions, clicks and exact spend."""
-    ad_events = silver.where(F.col("event_type").isin(*AD_EVENT_TYPES))
-    return (
-        ad_events.groupBy(F.window("event_time", WINDOW).alias("w"), "ad_id")
-        .agg(
-            F.max("campaign_id").alias("campaign_id"),
-            F.max("advertiser_id").alias("advertiser_id"),
-            F.count(F.when(F.col("event_type") == "impression", 1)).alias("impressions"),
-            F.count(F.when(F.col("event_type") == "click", 1)).alias("clicks"),
-            F.sum("cost").cast("decimal(24,9)").alias("spend"),
-        )
-        .select(
-            F.col("w.start").alias("window_start"),
-            F.col("w.end").alias("window_end"),
-            "ad_id",
-            "campaign_id",
-            "advertiser_id",
-            "impressions",
-            "clicks",
-            "spend",
-        )
     )

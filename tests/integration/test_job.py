@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from decimal import Decimal
+from collections import Counter
+from dataclasses import replace
 
 import pytest
 from pyspark.sql import SparkSession
@@ -20,6 +21,7 @@ from schemas import ad_event as c
 from tests.conftest import isolated_settings
 
 pytestmark = pytest.mark.integration
+GOLD = (t.ATTRIBUTIONS, t.CTR_1H, t.SESSIONS)
 
 
 def _warehouse(settings: Settings) -> str:
@@ -29,7 +31,7 @@ def _warehouse(settings: Settings) -> str:
 def _fingerprint(spark: SparkSession, settings: Settings) -> dict[str, tuple[int, str]]:
     """Row count and an order-independent hash of every table's content."""
     out = {}
-    for name in (t.BRONZE, t.QUARANTINE, t.LATE, t.SILVER, t.GOLD_1M, t.LEDGER):
+    for name in (t.BRONZE, t.QUARANTINE, t.LATE, t.SILVER, t.GOLD_1M, t.LEDGER, *GOLD):
         df = spark.read.format("delta").load(f"{_warehouse(settings)}/{name}")
         if name == t.LEDGER:
             df = df.drop("started_at", "finished_at")
@@ -42,18 +44,54 @@ def _fingerprint(spark: SparkSession, settings: Settings) -> dict[str, tuple[int
 
 @pytest.fixture(scope="module")
 def settings(base_settings: Settings, kafka_bootstrap: str, tmp_path_factory) -> Settings:  # type: ignore[no-untyped-def]
-    """One job for the whole module: the tests below run in order on its tables."""
-    return isolated_settings(base_settings, kafka_bootstrap, tmp_path_factory.mktemp("job"))
+    """One job for the whole module: the tests below run in order on its tables. Short windows
+    so that a few thousand records exercise everything: a 2-minute attribution lookback (some
+    conversions fall outside it), 5-minute sessions that close, and several batches."""
+    return replace(
+        isolated_settings(base_settings, kafka_bootstrap, tmp_path_factory.mktemp("job")),
+        watermark_delay="3 minutes",
+        attribution_lookback="2 minutes",
+        session_gap="5 minutes",
+        max_offsets_per_trigger=700,
+    )
+
+
+def _stop_after(spark: SparkSession, settings: Settings, batches: int) -> None:
+    """Starts the job and stops it once it has completed ``batches`` micro-batches (whatever
+    the next batch is doing then: Spark interrupts it and a restart re-executes it)."""
+    query = job.start(spark, settings, available_now=True)
+    try:
+        while query.isActive:
+            progress = query.lastProgress
+            if progress is not None and progress["batchId"] >= batches - 1:
+                break
+            query.awaitTermination(0.2)
+    finally:
+        query.stop()
+    assert query.lastProgress["batchId"] >= batches - 1, "the job ended before the stop"
 
 
 @pytest.fixture(scope="module")
 def golden(spark: SparkSession, settings: Settings):  # type: ignore[no-untyped-def]
-    """Main segment in, job run, late tail in, job run again."""
-    cfg = GenConfig(events=3000, seed=11, users=100, ads=20, late_ratio=0.003, malformed_ratio=0.03)
+    """Main segment in; the job runs three batches and is stopped mid-run; restarted, it runs
+    to the end; the late tail in; the job runs again."""
+    cfg = GenConfig(
+        events=3000,
+        seed=11,
+        users=300,
+        ads=20,
+        late_ratio=0.003,
+        malformed_ratio=0.03,
+        step_ms=1000,
+        watermark_delay_s=settings.watermark_delay_seconds,
+        lookback_s=settings.attribution_lookback_seconds,
+        session_gap_s=settings.session_gap_seconds,
+    )
     traffic = plan_traffic(cfg)
     ensure_topics(settings.bootstrap_servers, app_topics(settings))
     upsert_dim_ads(spark, _warehouse(settings), traffic.dim_rows)
     produce(traffic.main, settings.bootstrap_servers, settings.input_topic, progress=False)
+    _stop_after(spark, settings, batches=3)
     job.run(spark, settings, available_now=True)
     produce(traffic.tail, settings.bootstrap_servers, settings.input_topic, progress=False)
     job.run(spark, settings, available_now=True)
@@ -73,8 +111,15 @@ def test_golden_end_to_end_matches_truth_exactly(spark, settings: Settings, gold
     assert all(r.event_time <= r.watermark for r in late)
     # Ledger: one row per batch, and the counts add up to what bronze holds.
     ledger = spark.read.format("delta").load(f"{_warehouse(settings)}/{t.LEDGER}").collect()
-    assert len({r.batch_id for r in ledger}) == len(ledger)
+    assert len({r.batch_id for r in ledger}) == len(ledger) >= 6
     assert sum(r.counts["read"] for r in ledger) == seen["records"]
+    # The run covered every attribution case at scale, and sessions closed batch by batch.
+    statuses = Counter(a["status"] for a in golden.truth["attributions"])
+    assert statuses["attributed"] >= 5 and statuses["unattributed"] >= 5
+    assert len(golden.truth["sessions"]) > 100
+    closing = [r.counts.get("sessions_closed", 0) for r in ledger]
+    assert sum(closing) == len(golden.truth["sessions"])
+    assert sum(n > 0 for n in closing) >= 3
 
 
 def test_state_lives_in_rocksdb_with_changelog_checkpointing(settings: Settings, golden) -> None:  # type: ignore[no-untyped-def]
@@ -116,14 +161,12 @@ def test_writes_are_idempotent_even_without_delta_txn(spark, settings: Settings,
     marker.write_text(json.dumps({"number": gen.number, "app_id": "adattr-other-app-id"}))
     job.run(spark, settings, available_now=True)
     after = _fingerprint(spark, settings)
-    for name in (t.BRONZE, t.QUARANTINE, t.LATE, t.SILVER):
+    for name in (t.BRONZE, t.QUARANTINE, t.LATE, t.SILVER, t.SESSIONS):
         assert after[name] == before[name], name
-    assert after[t.GOLD_1M][0] == before[t.GOLD_1M][0]
-    gold = observed(spark, _warehouse(settings), gen.app_id)["windows"]
-    assert gold == {
-        (w["window_start"], w["ad_id"]): (w["impressions"], w["clicks"], Decimal(w["spend"]))
-        for w in golden.truth["windows"]
-    }
+    for name in (t.GOLD_1M, *GOLD):
+        assert after[name][0] == before[name][0], name  # provenance columns differ
+    seen = observed(spark, _warehouse(settings), gen.app_id)
+    assert diff(golden.truth, seen) == []
     rerun = spark.read.format("delta").load(f"{_warehouse(settings)}/{t.LEDGER}")
     rerun_batches = {r.batch_id for r in rerun.where("app_id = 'adattr-other-app-id'").collect()}
     assert 0 in rerun_batches and len(rerun_batches) >= 2

@@ -14,11 +14,15 @@ from schemas import ad_event as c
 
 @pytest.fixture(scope="module")
 def traffic():  # type: ignore[no-untyped-def]
-    return plan_traffic(GenConfig(events=4000, seed=3, users=50, ads=20, malformed_ratio=0.03))
+    return plan_traffic(
+        GenConfig(events=4000, seed=3, users=500, ads=20, malformed_ratio=0.03, step_ms=1000)
+    )
 
 
 def test_same_seed_same_bytes(traffic) -> None:  # type: ignore[no-untyped-def]
-    again = plan_traffic(GenConfig(events=4000, seed=3, users=50, ads=20, malformed_ratio=0.03))
+    again = plan_traffic(
+        GenConfig(events=4000, seed=3, users=500, ads=20, malformed_ratio=0.03, step_ms=1000)
+    )
     assert again.main == traffic.main and again.tail == traffic.tail
     assert again.truth == traffic.truth
     other = plan_traffic(GenConfig(events=4000, seed=4, users=50, ads=20, malformed_ratio=0.03))
@@ -68,3 +72,29 @@ def test_truth_adds_up(traffic) -> None:  # type: ignore[no-untyped-def]
 def test_rejects_bad_config() -> None:
     with pytest.raises(ValueError, match="--duplicate-ratio"):
         GenConfig(duplicate_ratio=0.9).validate()
+
+
+def test_truth_exercises_attribution_ctr_and_sessions(traffic) -> None:  # type: ignore[no-untyped-def]
+    truth = traffic.truth
+    sent = [json.loads(v) for k, v in traffic.main if k != b"bad"]
+    position = {e["event_id"]: i for i, e in reversed(list(enumerate(sent)))}
+    conversions = truth["attributions"]
+    assert len(conversions) == len({e["event_id"] for e in sent if e["event_type"] == "conversion"})
+    statuses = Counter(a["status"] for a in conversions)
+    assert statuses["attributed"] > 0 and statuses["unattributed"] > 0
+    # Some conversions are sent before the click they are attributed to.
+    assert any(
+        position[a["conversion_id"]] < position[a["click_id"]] for a in conversions if a["click_id"]
+    )
+    for a in conversions:
+        if a["click_id"]:
+            assert a["click_time"] < a["conversion_time"]
+    windows = truth["windows"]
+    assert sum(w["conversions"] for w in windows) == statuses["attributed"]
+    # Every minute lies in 12 sliding hours.
+    ctr = truth["ctr_1h"]
+    assert sum(h["impressions"] for h in ctr) == 12 * sum(w["impressions"] for w in windows)
+    assert all(h["ctr"] is None or 0 <= h["ctr"] <= 1 for h in ctr)
+    sessions = truth["sessions"]
+    assert sessions and all(s["session_end"] <= truth["final_watermark"] for s in sessions)
+    assert sum(s["events"] for s in sessions) < truth["accepted"]  # the newest are still open

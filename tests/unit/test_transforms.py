@@ -1,4 +1,4 @@
-"""classify, enrich and window_metrics on small batch frames."""
+"""classify and enrich on small batch frames."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from decimal import Decimal
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.testing import assertDataFrameEqual
 
 from pipelines.tables import DIM_ADS, table
-from pipelines.transforms import DUPLICATE, LATE, classify, enrich, parse_events, window_metrics
+from pipelines.transforms import DUPLICATE, LATE, classify, enrich, parse_events
 from schemas import ad_event as c
 from tests.builders import event, kafka_rows
 
@@ -72,41 +71,3 @@ def test_enrichment_and_exact_cost(spark: SparkSession, dim: DataFrame) -> None:
         ("cmp-1", "adv-1", Decimal("1.000001000")),  # cpc
         (None, "adv-9", None),  # a conversion keeps its own advertiser, is not billed
     ]
-
-
-def test_window_metrics_tumbling_minutes_and_spend(spark: SparkSession, dim: DataFrame) -> None:
-    values = [
-        event("i1", ad_id="ad-2", event_time="2026-11-20T10:01:00.000Z"),
-        event("i2", ad_id="ad-2", event_time="2026-11-20T10:01:59.999Z"),
-        event("k1", "click", ad_id="ad-2", event_time="2026-11-20T10:01:30.000Z"),
-        event("i3", ad_id="ad-2", event_time="2026-11-20T10:02:00.000Z"),  # next window
-        event("v1", "conversion", "2026-11-20T10:01:10.000Z"),  # not an ad event
-    ]
-    silver = _classified(spark, dim, values, {0, 1, 2, 3, 4})
-    expected = spark.createDataFrame(
-        [
-            (
-                datetime(2026, 11, 20, 10, 1),
-                datetime(2026, 11, 20, 10, 2),
-                "ad-2",
-                "cmp-1",
-                "adv-1",
-                2,
-                1,
-                Decimal("1.000003000"),
-            ),
-            (
-                datetime(2026, 11, 20, 10, 2),
-                datetime(2026, 11, 20, 10, 3),
-                "ad-2",
-                "cmp-1",
-                "adv-1",
-                1,
-                0,
-                Decimal("0.000001000"),
-            ),
-        ],
-        "window_start timestamp, window_end timestamp, ad_id string, campaign_id string, "
-        "advertiser_id string, impressions long, clicks long, spend decimal(24,9)",
-    )
-    assertDataFrameEqual(window_metrics(silver), expected)

@@ -1,0 +1,248 @@
+"""The gold derivations on small silver-shaped frames: attribution, windows, CTR, sessions."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from pipelines.gold import attribute, campaign_ctr, reopened, user_sessions, window_metrics
+
+SILVER = (
+    "event_id string, event_type string, event_time timestamp, user_id string, ad_id string, "
+    "campaign_id string, advertiser_id string, cost decimal(18,9), revenue decimal(18,6)"
+)
+T0 = datetime(2026, 11, 20, 10, 0)  # the session time zone is UTC
+DAY = 86_400
+
+
+def at(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def click(
+    event_id: str, minutes: float, *, user: str = "u1", ad: str = "ad-1", adv: str = "adv-1"
+) -> tuple[Any, ...]:
+    return (event_id, "click", at(minutes), user, ad, f"cmp-{ad}", adv, Decimal("0.5"), None)
+
+
+def impression(event_id: str, minutes: float, *, user: str = "u1", ad: str = "ad-1") -> tuple:
+    return (
+        event_id,
+        "impression",
+        at(minutes),
+        user,
+        ad,
+        f"cmp-{ad}",
+        "adv-1",
+        Decimal("0.002"),
+        None,
+    )
+
+
+def conversion(
+    event_id: str, minutes: float, *, user: str = "u1", adv: str = "adv-1", revenue: str = "10"
+) -> tuple[Any, ...]:
+    return (event_id, "conversion", at(minutes), user, None, None, adv, None, Decimal(revenue))
+
+
+def frame(spark: SparkSession, rows: list[tuple[Any, ...]]) -> DataFrame:
+    return spark.createDataFrame(rows, SILVER)
+
+
+def attributed(
+    spark: SparkSession, rows: list[tuple[Any, ...]], lookback: int = DAY
+) -> dict[str, str | None]:
+    """conversion_id -> click_id, by attributing every conversion of ``rows`` to its clicks."""
+    events = frame(spark, rows)
+    out = attribute(
+        events.where("event_type = 'conversion'"),
+        events.where("event_type = 'click'"),
+        lookback_seconds=lookback,
+    ).collect()
+    assert len(out) == len({r.conversion_id for r in out}), "one row per conversion"
+    for r in out:
+        assert r.status == ("unattributed" if r.click_id is None else "attributed")
+    return {r.conversion_id: r.click_id for r in out}
+
+
+def test_last_click_wins(spark: SparkSession) -> None:
+    rows = [click("k1", 0), click("k2", 5), click("k3", 3), conversion("v", 10)]
+    assert attributed(spark, rows) == {"v": "k2"}
+
+
+def test_equal_click_times_go_to_the_larger_event_id(spark: SparkSession) -> None:
+    rows = [click("k-b", 5), click("k-a", 5), click("k-0", 4), conversion("v", 10)]
+    assert attributed(spark, rows) == {"v": "k-b"}
+
+
+def test_lookback_bounds_are_inclusive_then_exclusive(spark: SparkSession) -> None:
+    hour = 3600
+    at_edge = [click("k", -50), conversion("v", 10)]  # exactly one hour before
+    assert attributed(spark, at_edge, lookback=hour) == {"v": "k"}
+    outside = [click("k", -50 - 1 / 60_000), conversion("v", 10)]  # one millisecond more
+    assert attributed(spark, outside, lookback=hour) == {"v": None}
+
+
+def test_click_of_another_advertiser_or_user_does_not_count(spark: SparkSession) -> None:
+    rows = [click("k1", 1, adv="adv-2"), click("k2", 2, user="u2"), conversion("v", 10)]
+    assert attributed(spark, rows) == {"v": None}
+    rows.append(click("k3", 0))
+    assert attributed(spark, rows) == {"v": "k3"}, "an older click of the right kind still wins"
+
+
+def test_click_after_or_at_the_conversion_does_not_count(spark: SparkSession) -> None:
+    rows = [click("k-before", 1), click("k-at", 10), click("k-after", 11), conversion("v", 10)]
+    assert attributed(spark, rows) == {"v": "k-before"}
+    assert attributed(spark, rows[1:]) == {"v": None}
+
+
+def test_organic_conversion_is_kept(spark: SparkSession) -> None:
+    events = frame(spark, [conversion("v", 10, revenue="12.345678")])
+    row = attribute(events, events.limit(0), lookback_seconds=DAY).collect()[0]
+    assert row.asDict() == {
+        "conversion_id": "v",
+        "conversion_time": at(10),
+        "user_id": "u1",
+        "advertiser_id": "adv-1",
+        "revenue": Decimal("12.345678"),
+        "click_id": None,
+        "click_time": None,
+        "ad_id": None,
+        "campaign_id": None,
+        "status": "unattributed",
+    }
+
+
+def test_duplicate_click_and_duplicate_conversion_count_once(spark: SparkSession) -> None:
+    rows = [click("k1", 1), click("k1", 1), click("k2", 2), click("k2", 2), conversion("v", 10)]
+    rows.append(conversion("v", 10))
+    assert attributed(spark, rows) == {"v": "k2"}
+
+
+def test_out_of_order_click_reattributes_a_pending_conversion(spark: SparkSession) -> None:
+    """The sink's incremental protocol, batch by batch, in arrival order: the conversion and an
+    older click first, then the click that precedes the conversion more closely, then a click
+    after it. Every step re-attributes only the new conversions and the pending ones that a new
+    click reopens; the end state equals attributing everything in event-time order at once."""
+    arrivals = [
+        [conversion("v1", 10), click("k-old", 2), conversion("v2", 30, adv="adv-2")],
+        [click("k-late", 8), click("k-other", 9, adv="adv-2")],
+        [click("k-after", 12)],
+    ]
+    state: dict[str, str | None] = {}
+    seen: list[tuple[Any, ...]] = []
+    for batch in arrivals:
+        seen += batch
+        new = frame(spark, batch)
+        pending = frame(spark, [r for r in seen if r[0] in state])  # nothing is final yet
+        affected = new.where("event_type = 'conversion'").unionByName(
+            reopened(pending, new.where("event_type = 'click'"), lookback_seconds=DAY)
+        )
+        everything = frame(spark, seen)
+        for r in attribute(
+            affected, everything.where("event_type = 'click'"), lookback_seconds=DAY
+        ).collect():
+            state[r.conversion_id] = r.click_id
+        if batch is arrivals[1]:
+            assert state == {"v1": "k-late", "v2": "k-other"}
+    assert state == attributed(spark, seen) == {"v1": "k-late", "v2": "k-other"}
+
+
+def test_window_metrics_counts_conversions_in_the_conversion_minute(spark: SparkSession) -> None:
+    silver = frame(
+        spark,
+        [
+            impression("i1", 1.0, ad="ad-2"),
+            impression("i2", 1.99, ad="ad-2"),
+            click("k1", 1.5, ad="ad-2"),
+            impression("i3", 2.0, ad="ad-2"),
+            conversion("v1", 3.1),
+        ],
+    )
+    attributions = attribute(
+        silver.where("event_type = 'conversion'"),
+        silver.where("event_type = 'click'"),
+        lookback_seconds=DAY,
+    )
+    rows = {(r.window_start, r.ad_id): r for r in window_metrics(silver, attributions).collect()}
+    assert sorted(rows) == [(at(1), "ad-2"), (at(2), "ad-2"), (at(3), "ad-2")]
+    first, second, third = (rows[(at(m), "ad-2")] for m in (1, 2, 3))
+    assert (first.window_end, first.impressions, first.clicks, first.spend) == (
+        at(2),
+        2,
+        1,
+        Decimal("0.504000000"),
+    )
+    assert (first.conversions, first.revenue) == (0, Decimal("0"))
+    assert (second.impressions, second.clicks, second.conversions) == (1, 0, 0)
+    # The conversion minute has no ad event: the window exists for the conversion alone.
+    assert (third.impressions, third.clicks, third.spend) == (0, 0, Decimal("0"))
+    assert (third.conversions, third.revenue, third.campaign_id) == (1, Decimal("10"), "cmp-ad-2")
+
+
+def test_each_minute_lies_in_twelve_sliding_hours(spark: SparkSession) -> None:
+    silver = frame(spark, [impression("i1", 7.5), *[impression(f"j{i}", 8) for i in range(3)]])
+    silver = silver.unionByName(frame(spark, [click("k1", 8)]))
+    no_conversions = attribute(silver.limit(0), silver.limit(0), lookback_seconds=DAY)
+    ctr = campaign_ctr(window_metrics(silver, no_conversions)).orderBy("window_start").collect()
+    starts = [r.window_start for r in ctr]
+    assert starts == [at(-50 + 5 * i) for i in range(12)], "windows from 09:10 to 10:05"
+    assert all(r.window_end - r.window_start == timedelta(hours=1) for r in ctr)
+    assert {(r.impressions, r.clicks, r.ctr) for r in ctr} == {(4, 1, 0.25)}
+
+
+def test_ctr_is_null_without_impressions(spark: SparkSession) -> None:
+    silver = frame(spark, [click("k1", 0)])
+    no_conversions = attribute(silver.limit(0), silver.limit(0), lookback_seconds=DAY)
+    ctr = campaign_ctr(window_metrics(silver, no_conversions)).collect()
+    assert len(ctr) == 12
+    assert {(r.impressions, r.clicks, r.ctr) for r in ctr} == {(0, 1, None)}
+
+
+def test_sessions_split_by_the_gap(spark: SparkSession) -> None:
+    """Spark's session_window rule: an event at most ``gap`` after the previous one (an event
+    exactly at the session end included) extends the session; one millisecond more starts a
+    new one. The truth file implements the same rule."""
+    gap = 30 * 60
+    ms = 1 / 60_000
+    events = frame(
+        spark,
+        [
+            impression("a", 0),
+            click("b", 29),
+            conversion("c", 59, revenue="7.5"),  # exactly the gap after b: same session
+            impression("d", 89 + ms),  # the gap and 1 ms after c: a new session
+            impression("e", 0, user="u2"),
+        ],
+    )
+    rows = user_sessions(events, gap_seconds=gap).orderBy("user_id", "session_start").collect()
+    fields = ("user_id", "session_start", "session_end", "events", "impressions", "clicks")
+    got = [tuple(r[f] for f in (*fields, "conversions", "revenue")) for r in rows]
+    assert got == [
+        ("u1", at(0), at(89), 3, 1, 1, 1, Decimal("7.5")),
+        ("u1", at(89 + ms), at(119 + ms), 1, 1, 0, 0, Decimal("0")),
+        ("u2", at(0), at(30), 1, 1, 0, 0, Decimal("0")),
+    ]
+
+
+@pytest.mark.parametrize("gap_minutes", [1, 30])
+def test_session_end_is_last_event_plus_gap(spark: SparkSession, gap_minutes: int) -> None:
+    events = frame(spark, [impression("a", 0), impression("b", 0.5)])
+    (row,) = user_sessions(events, gap_seconds=gap_minutes * 60).collect()
+    assert row.session_end == at(0.5 + gap_minutes)
+
+
+def test_a_filter_on_session_bounds_applies_to_whole_sessions(spark: SparkSession) -> None:
+    """The sink keeps only the sessions that end in a range. Spark pushes a filter on the
+    session window column below the aggregation (dropping single events before sessions
+    merge); the bounds here are aggregates, so the filter sees whole sessions."""
+    events = frame(spark, [impression("a", 0), impression("b", 4), impression("c", 8)])
+    sessions = user_sessions(events, gap_seconds=300)
+    ending_early = sessions.where(sessions.session_end <= at(6)).collect()
+    assert ending_early == []
+    (whole,) = sessions.where(sessions.session_end <= at(13)).collect()
+    assert (whole.session_start, whole.session_end, whole.events) == (at(0), at(13), 3)
