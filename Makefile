@@ -10,7 +10,8 @@ demo: setup
 	$(VENV)/adattr demo
 
 lint: setup
-	$(VENV)/ruff check app pipelines schemas tests
+	$(VENV)/ruff check app pipelines schemas tests infra/bench
+	$(VENV)/ruff format --check app pipelines schemas tests infra/bench
 	$(VENV)/mypy app pipelines schemas
 
 test: lint

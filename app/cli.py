@@ -158,9 +158,15 @@ def cmd_summary(args: argparse.Namespace, settings: Settings, spark: object = No
 
     session = spark or build_spark(settings, "adattr-summary")
     rows = campaign_summary(session, str(settings.warehouse.resolve()))  # type: ignore[arg-type]
-    print(f"{'campaign':<12} {'impressions':>12} {'clicks':>8} {'spend':>16}")
-    for campaign, imps, clicks, spend in rows:
-        print(f"{campaign:<12} {imps:>12,} {clicks:>8,} {spend:>16.6f}")
+    print(
+        f"{'campaign':<12} {'impressions':>12} {'clicks':>8} {'spend':>16} "
+        f"{'conversions':>11} {'revenue':>14} {'(pending)':>9}"
+    )
+    for campaign, imps, clicks, spend, conversions, revenue, pending in rows:
+        print(
+            f"{campaign:<12} {imps:>12,} {clicks:>8,} {spend:>16.6f} "
+            f"{conversions:>11,} {revenue:>14.2f} {pending:>9,}"
+        )
     return 0
 
 
@@ -283,6 +289,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        from confluent_kafka import KafkaException
+
+        if isinstance(exc, KafkaException):  # e.g. the broker went away mid-command
+            print(f"adattr {args.command}: Kafka error: {exc.args[0]}", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":

@@ -107,7 +107,10 @@ def run_demo(settings: Settings, *, events: int, seed: int) -> int:
         work = settings.data_dir / "demo"
         work.mkdir(parents=True, exist_ok=True)
         truth, dim_csv = work / "truth.json", work / "dim_ads.csv"
-        common = ["--events", str(events), "--seed", str(seed), "--truth", str(truth)]
+        # 5,000 users over ~67 minutes of event time: most users pause long enough for
+        # sessions to close, and conversions arrive both before and after their clicks.
+        common = ["--events", str(events), "--seed", str(seed), "--users", "5000"]
+        common += ["--truth", str(truth)]
         step(f"generate {events:,} events (duplicates, bad records) and the dimension")
         if main(["generate", *common, "--dim-csv", str(dim_csv), "--segment", "main"]) != 0:
             return 1
@@ -124,7 +127,11 @@ def run_demo(settings: Settings, *, events: int, seed: int) -> int:
             return 1
         step("verify every table against the truth file")
         expected = json.loads(truth.read_text())
-        print(f"truth: {expected['records']:,} records, {len(expected['windows']):,} windows")
+        print(
+            f"truth: {expected['records']:,} records, {len(expected['windows']):,} windows, "
+            f"{len(expected['attributions']):,} conversions, {len(expected['sessions']):,} "
+            "closed sessions"
+        )
         return main(["verify", "--truth", str(truth)])
     finally:
         if started_broker and broker.stop():

@@ -199,7 +199,15 @@ def diff(truth: dict[str, Any], seen: dict[str, Any]) -> list[str]:
     return problems
 
 
-def campaign_summary(spark: SparkSession, warehouse: str) -> list[tuple[str, int, int, Decimal]]:
+def campaign_summary(spark: SparkSession, warehouse: str) -> list[tuple[Any, ...]]:
+    """Per campaign: impressions, clicks, spend, attributed conversions, revenue, and the
+    conversions still provisional (not final)."""
+    pending = (
+        _load(spark, warehouse, t.ATTRIBUTIONS)
+        .where(~F.col("is_final") & (F.col("status") == "attributed"))
+        .groupBy("campaign_id")
+        .agg(F.count("*").alias("pending"))
+    )
     rows = (
         _load(spark, warehouse, t.GOLD_1M)
         .groupBy("campaign_id")
@@ -207,8 +215,22 @@ def campaign_summary(spark: SparkSession, warehouse: str) -> list[tuple[str, int
             F.sum("impressions").alias("impressions"),
             F.sum("clicks").alias("clicks"),
             F.sum("spend").alias("spend"),
+            F.sum("conversions").alias("conversions"),
+            F.sum("revenue").alias("revenue"),
         )
+        .join(pending, "campaign_id", "left")
         .orderBy("campaign_id")
         .collect()
     )
-    return [(r.campaign_id, int(r.impressions), int(r.clicks), Decimal(r.spend)) for r in rows]
+    return [
+        (
+            r.campaign_id,
+            int(r.impressions),
+            int(r.clicks),
+            Decimal(r.spend),
+            int(r.conversions),
+            Decimal(r.revenue),
+            int(r.pending or 0),
+        )
+        for r in rows
+    ]

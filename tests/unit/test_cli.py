@@ -29,3 +29,17 @@ def test_bad_setting_is_one_clear_line() -> None:
     assert done.returncode == 2
     assert "unknown setting(s) ADATTR_WAREHOUS" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_kafka_failure_is_one_clear_line(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    from confluent_kafka import KafkaError, KafkaException
+
+    import app.cli
+
+    def broker_gone(args, settings):  # type: ignore[no-untyped-def]
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Broker transport failure"))
+
+    monkeypatch.setattr(app.cli, "cmd_status", broker_gone)
+    assert main(["status"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("adattr status: Kafka error:") and "Broker transport failure" in err
