@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -128,6 +129,13 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         Path(args.truth).write_text(json.dumps(traffic.truth, indent=1))
     if args.dim_csv:
         write_dim_csv(Path(args.dim_csv), traffic.dim_rows)
+    if args.budgets_csv:
+        # Every other campaign gets half of what it will spend: the budget service must alert.
+        with Path(args.budgets_csv).open("w") as f:
+            f.write("campaign_id,daily_budget\n")
+            for i, (campaign, total) in enumerate(sorted(traffic.truth["campaigns"].items())):
+                budget = Decimal(total["spend"]) * (Decimal("0.5") if i % 2 else Decimal(2))
+                f.write(f"{campaign},{budget.quantize(Decimal('0.01'))}\n")
     records = {"all": traffic.main + traffic.tail, "main": traffic.main, "tail": traffic.tail}
     chosen = records[args.segment]
     ensure_topics(settings.bootstrap_servers, app_topics(settings))
@@ -140,12 +148,13 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from app.spark import build_spark
     from pipelines import job
     from pipelines.dimension import DimensionMissingError
+    from pipelines.publish import PublishError
 
     spark = build_spark(settings, "adattr-attribution")
     started = time.monotonic()
     try:
         job.run(spark, settings, available_now=args.available_now)
-    except (DimensionMissingError, job.JobFailedError) as exc:
+    except (DimensionMissingError, job.JobFailedError, PublishError) as exc:
         print(f"adattr run: {exc}", file=sys.stderr)
         return 1
     print(f"run: stopped after {time.monotonic() - started:.1f}s")
@@ -195,6 +204,43 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
         f"{len(truth['ctr_1h']):,} hourly CTR windows, {len(truth['sessions']):,} closed "
         f"sessions: the tables match {args.truth} exactly"
     )
+    return 0
+
+
+def cmd_consume(args: argparse.Namespace, settings: Settings) -> int:
+    from app.consumer import BudgetStore, consume, read_budgets_csv
+
+    store = BudgetStore(settings.consumer_db_url)
+    try:
+        if args.budgets:
+            budgets = read_budgets_csv(Path(args.budgets))
+            store.load_budgets(budgets)
+            print(f"budgets: {len(budgets)} campaigns from {args.budgets}")
+        if not args.report or args.until_idle:
+            stats = consume(
+                settings.bootstrap_servers,
+                settings.output_topic,
+                store,
+                until_idle=args.until_idle,
+                idle_seconds=args.idle_seconds,
+                crash_at=settings.crash_at,
+            )
+            print(
+                f"consume: {stats.records:,} records, {stats.applied:,} applied, "
+                f"{stats.ignored_older:,} older than what is stored (ignored), "
+                f"{len(stats.alerts)} new budget alert(s)"
+            )
+        if args.report:
+            print(f"{'campaign':<12} {'spend':>16} {'daily budget':>14}")
+            for campaign, spend, budget in store.spend_per_campaign():
+                shown = f"{budget:.2f}" if budget is not None else "-"
+                print(f"{campaign:<12} {spend:>16.6f} {shown:>14}")
+            alerts = store.alerts()
+            print(f"budget alerts: {len(alerts)}")
+            for campaign, day, spend, budget in alerts:
+                print(f"  {campaign} {day}: spend {spend:.6f} >= daily budget {budget:.2f}")
+    finally:
+        store.close()
     return 0
 
 
@@ -251,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--truth", help="write the expected results to this JSON file")
     gen.add_argument("--dim-csv", help="write the matching dim_ads CSV to this file")
     gen.add_argument(
+        "--budgets-csv", help="write daily budgets per campaign (half of them too small)"
+    )
+    gen.add_argument(
         "--segment",
         choices=("all", "main", "tail"),
         default="all",
@@ -265,6 +314,19 @@ def build_parser() -> argparse.ArgumentParser:
     add("summary", cmd_summary, "print spend per campaign from gold_ad_metrics_1m")
     verify = add("verify", cmd_verify, "compare the tables with a truth file; non-zero on any diff")
     verify.add_argument("--truth", required=True, help="truth file from `adattr generate --truth`")
+    consume_cmd = add(
+        "consume",
+        cmd_consume,
+        "the budget service: read ad-metrics (read_committed) into a database, exactly once",
+    )
+    consume_cmd.add_argument(
+        "--until-idle", action="store_true", help="stop when caught up (no record for a while)"
+    )
+    consume_cmd.add_argument(
+        "--idle-seconds", type=float, default=5.0, help="how long 'idle' is (default 5)"
+    )
+    consume_cmd.add_argument("--report", action="store_true", help="print spend and alerts")
+    consume_cmd.add_argument("--budgets", help="CSV campaign_id,daily_budget to load first")
     demo = add("demo", cmd_demo, "start Kafka, generate traffic, run the job, verify, summarise")
     demo.add_argument("--events", type=int, default=20_000)
     demo.add_argument("--seed", type=int, default=7)

@@ -16,6 +16,7 @@ import json
 import shutil
 import sys
 import time
+from pathlib import Path
 
 from confluent_kafka import KafkaError
 
@@ -76,15 +77,20 @@ def _reset(settings: Settings) -> None:
     shutil.rmtree(warehouse, ignore_errors=True)
     shutil.rmtree(checkpoints, ignore_errors=True)
     admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
-    if settings.input_topic in admin.list_topics(timeout=10).topics:
-        admin.delete_topics([settings.input_topic], operation_timeout=30)[
-            settings.input_topic
-        ].result()
+    mine = (settings.input_topic, settings.output_topic, settings.control_topic)
+    doomed = [name for name in mine if name in admin.list_topics(timeout=10).topics]
+    if doomed:
+        for future in admin.delete_topics(doomed, operation_timeout=30).values():
+            future.result()
         deadline = time.monotonic() + 30
-        while settings.input_topic in admin.list_topics(timeout=10).topics:
+        while set(doomed) & set(admin.list_topics(timeout=10).topics):
             if time.monotonic() > deadline:
-                raise UserInputError(f"topic {settings.input_topic} was not deleted within 30 s")
+                raise UserInputError(f"topics {doomed} were not deleted within 30 s")
             time.sleep(0.2)
+    if settings.consumer_db_url.startswith("sqlite:///"):
+        db = Path(settings.consumer_db_url.removeprefix("sqlite:///"))
+        for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+            path.unlink(missing_ok=True)
     warehouse.mkdir(parents=True, exist_ok=True)
     (warehouse / MARKER).write_text(
         "created by adattr demo; `adattr demo` may delete this folder\n"
@@ -107,12 +113,14 @@ def run_demo(settings: Settings, *, events: int, seed: int) -> int:
         work = settings.data_dir / "demo"
         work.mkdir(parents=True, exist_ok=True)
         truth, dim_csv = work / "truth.json", work / "dim_ads.csv"
+        budgets = work / "budgets.csv"
         # 5,000 users over ~67 minutes of event time: most users pause long enough for
         # sessions to close, and conversions arrive both before and after their clicks.
         common = ["--events", str(events), "--seed", str(seed), "--users", "5000"]
         common += ["--truth", str(truth)]
         step(f"generate {events:,} events (duplicates, bad records) and the dimension")
-        if main(["generate", *common, "--dim-csv", str(dim_csv), "--segment", "main"]) != 0:
+        first = ["--dim-csv", str(dim_csv), "--budgets-csv", str(budgets), "--segment", "main"]
+        if main(["generate", *common, *first]) != 0:
             return 1
         step("load dim_ads")
         if main(["dim", "load", str(dim_csv)]) != 0:
@@ -132,7 +140,11 @@ def run_demo(settings: Settings, *, events: int, seed: int) -> int:
             f"{len(expected['attributions']):,} conversions, {len(expected['sessions']):,} "
             "closed sessions"
         )
-        return main(["verify", "--truth", str(truth)])
+        if main(["verify", "--truth", str(truth)]) != 0:
+            return 1
+        step("the budget service downstream: ad-metrics (read_committed) into SQLite")
+        report = ["--until-idle", "--idle-seconds", "3", "--report", "--budgets", str(budgets)]
+        return main(["consume", *report])
     finally:
         if started_broker and broker.stop():
             print("\nkafka: stopped (the demo started it)", file=sys.stderr)

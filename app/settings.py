@@ -95,6 +95,21 @@ class Settings:
     session_gap: str = field(
         default="30 minutes", metadata={"doc": "inactivity gap that closes a user session"}
     )
+    transactional_id: str = field(
+        default="",
+        metadata={
+            "doc": "Kafka transactional.id of the job's publisher (default: derived from the "
+            "topics, stable across restarts so a restart fences the previous instance)"
+        },
+    )
+    consumer_db: str = field(
+        default="",
+        metadata={"doc": "database of `adattr consume` (default sqlite:///<data_dir>/budget.db)"},
+    )
+    crash_at: str = field(
+        default="",
+        metadata={"doc": "drills and tests only: name[:n],... of crash points to SIGKILL at"},
+    )
 
     @property
     def watermark_delay_seconds(self) -> int:
@@ -107,6 +122,14 @@ class Settings:
     @property
     def session_gap_seconds(self) -> int:
         return parse_duration_seconds(self.session_gap)
+
+    @property
+    def publisher_transactional_id(self) -> str:
+        return self.transactional_id or f"adattr-attribution-{self.input_topic}-{self.output_topic}"
+
+    @property
+    def consumer_db_url(self) -> str:
+        return self.consumer_db or f"sqlite:///{(self.data_dir / 'budget.db').resolve()}"
 
     def table_path(self, name: str) -> str:
         return str((self.warehouse / name).resolve())
@@ -152,6 +175,12 @@ class Settings:
                 fail(name, "must be at least 1")
         if self.max_offsets_per_trigger < 0:
             fail("max_offsets_per_trigger", "must be 0 (no cap) or more")
+        try:
+            from app.crash import parse
+
+            parse(self.crash_at)
+        except ValueError as exc:
+            fail("crash_at", str(exc))
         for name in ("input_topic", "output_topic", "control_topic"):
             if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", getattr(self, name)):
                 fail(name, "is not a valid Kafka topic name")

@@ -136,6 +136,9 @@ def observed(spark: SparkSession, warehouse: str, app_id: str) -> dict[str, Any]
                 _money(r.revenue),
             )
             for r in gold.collect()
+            # A window emptied by a re-attribution stays as a zero row (so the change is
+            # published); it holds nothing, like a window that never existed.
+            if (r.impressions, r.clicks, r.conversions) != (0, 0, 0)
         },
         "attributions": {
             r.conversion_id: (

@@ -25,8 +25,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from app.kafka_io import app_topics, ensure_topics
 from app.settings import Settings
 from pipelines.dimension import dim_snapshot
+from pipelines.publish import TransactionalPublisher
 from pipelines.sink import FIRST, RECORD, AttributionSink, SinkContext
 from pipelines.tables import create_tables
 from pipelines.transforms import first_sightings, parse_events, with_kafka_coordinates
@@ -95,6 +97,15 @@ def start(spark: SparkSession, settings: Settings, *, available_now: bool) -> St
     dim_snapshot(spark, warehouse, int(time.time() * 1000))  # fail early if dim_ads is missing
     create_tables(spark, warehouse)
     gen = current_generation(settings.checkpoints)
+    ensure_topics(settings.bootstrap_servers, app_topics(settings))
+    publisher = TransactionalPublisher(
+        settings.bootstrap_servers,
+        output_topic=settings.output_topic,
+        control_topic=settings.control_topic,
+        transactional_id=settings.publisher_transactional_id,
+        app_id=gen.app_id,
+        generation=gen.number,
+    )
     sink = AttributionSink(
         spark,
         SinkContext(
@@ -104,6 +115,8 @@ def start(spark: SparkSession, settings: Settings, *, available_now: bool) -> St
             gen.number,
             lookback_seconds=settings.attribution_lookback_seconds,
             session_gap_seconds=settings.session_gap_seconds,
+            publisher=publisher,
+            crash_at=settings.crash_at,
         ),
     )
     writer = (

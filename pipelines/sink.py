@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
+from app.crash import crash_point
 from pipelines import tables as t
 from pipelines.delta_writes import delta_txn
 from pipelines.dimension import dim_snapshot
@@ -43,6 +45,7 @@ from pipelines.gold import (
     user_sessions,
     window_metrics,
 )
+from pipelines.publish import TransactionalPublisher
 from pipelines.transforms import ACCEPTED, LATE, classify, enrich
 from schemas import ad_event as c
 
@@ -79,6 +82,8 @@ class SinkContext:
     generation: int
     lookback_seconds: int
     session_gap_seconds: int
+    publisher: TransactionalPublisher | None = None
+    crash_at: str = ""
 
 
 class StepTimer:
@@ -216,6 +221,9 @@ class AttributionSink:
         if advanced:
             self._close_sessions(batch_id, w_prev, meta.watermark_ms, counts)
 
+        crash_point(self.ctx.crash_at, "after_delta_before_kafka")
+        kafka_outcome = self._publish(batch_id, wrote_gold=span is not None or advanced)
+        crash_point(self.ctx.crash_at, "after_kafka_before_ledger")
         self.last_counts = " ".join(f"{k}={v:,}" for k, v in sorted(counts.items()))
         offsets = [(tp, p, lo, hi, n) for (tp, p), (lo, hi, n) in sorted(ranges.items())]
         millis = {
@@ -225,10 +233,22 @@ class AttributionSink:
             "finished_at": int(time.time() * 1000),
         }
         ledger_row = self.spark.createDataFrame(
-            [(self.ctx.app_id, self.ctx.generation, batch_id, dim_version, offsets, counts)],
+            [
+                (
+                    self.ctx.app_id,
+                    self.ctx.generation,
+                    batch_id,
+                    dim_version,
+                    offsets,
+                    counts,
+                    self.ctx.publisher.transactional_id if self.ctx.publisher else None,
+                    kafka_outcome,
+                )
+            ],
             "app_id string, generation int, batch_id long, dim_version long, "
             "offsets array<struct<kafka_topic:string,kafka_partition:int,from_offset:long,"
-            "to_offset:long,records:long>>, counts map<string,long>",
+            "to_offset:long,records:long>>, counts map<string,long>, "
+            "kafka_transactional_id string, kafka_outcome string",
         ).withColumns({k: F.timestamp_millis(F.lit(v)) for k, v in millis.items()})
         self._insert_new(
             t.LEDGER,
@@ -236,6 +256,59 @@ class AttributionSink:
             "t.app_id = s.app_id AND t.batch_id = s.batch_id",
             batch_id,
         )
+
+    def _publish(self, batch_id: int, *, wrote_gold: bool) -> str:
+        """Publishes every gold row this batch changed (found by its stamp, so a re-execution
+        finds the same rows) in one Kafka transaction with the batch's marker."""
+        publisher = self.ctx.publisher
+        if publisher is None:
+            return "disabled"
+        if not wrote_gold:
+            return "nothing-to-publish"
+        changed = self._changed_records(batch_id)
+
+        def records() -> Iterator[tuple[bytes, bytes]]:
+            for row in changed.toLocalIterator():
+                yield row.k.encode(), row.v.encode()
+
+        outcome = publisher.publish(batch_id, records, crash_at=self.ctx.crash_at)
+        self.timer.mark("kafka")
+        return outcome
+
+    def _changed_records(self, batch_id: int) -> DataFrame:
+        mine = (F.col("generation") == self.ctx.generation) & (F.col("batch_id") == batch_id)
+        frames = []
+        for name, keys in PUBLISHED.items():
+            changed = self._load(name).where(mine)
+            key = F.concat_ws(
+                "|",
+                F.lit(name),
+                *[
+                    F.date_format(k, ISO) if "time" in k or "window" in k else F.col(k)
+                    for k in keys
+                ],
+            )
+            # Deterministic: the same row of the same batch of the same generation always gets
+            # the same id, so a republished record is recognisably the same record.
+            record_id = F.sha2(
+                F.concat_ws("|", key, F.lit(self.ctx.app_id), F.lit(batch_id).cast("string")), 256
+            )
+            value = F.to_json(
+                F.struct(
+                    record_id.alias("record_id"),
+                    F.lit(name).alias("table"),
+                    F.lit(self.ctx.app_id).alias("app_id"),
+                    F.col("generation"),
+                    F.col("batch_id"),
+                    F.struct(
+                        *[c for c in t.columns(name) if c not in ("generation", "batch_id")]
+                    ).alias("row"),
+                ),
+                # Nulls stay (an unattributed conversion has click_id null, not absent).
+                {"timestampFormat": ISO, "ignoreNullFields": "false"},
+            )
+            frames.append(changed.select(key.alias("k"), value.alias("v")))
+        return frames[0].unionByName(frames[1])
 
     def _insert_new(self, name: str, source: DataFrame, condition: str, batch_id: int) -> None:
         from delta.tables import DeltaTable
@@ -252,6 +325,15 @@ class AttributionSink:
 
     def _load(self, name: str) -> DataFrame:
         return self.spark.read.format("delta").load(self.path(name))
+
+    def _stamped(self, assignments: dict[str, str], batch_id: int) -> dict[str, str | Column]:
+        """A MERGE update that also stamps the row with this batch: every row a batch changes
+        carries its (generation, batch_id), which is how the publisher finds them again."""
+        return {
+            **assignments,
+            "generation": str(self.ctx.generation),
+            "batch_id": f"CAST({batch_id} AS BIGINT)",
+        }
 
     def _provenance(self, df: DataFrame, batch_id: int) -> DataFrame:
         return df.withColumns(
@@ -344,7 +426,7 @@ class AttributionSink:
                 .whenNotMatchedInsertAll()
                 .whenNotMatchedBySourceUpdate(
                     condition=f"NOT t.is_final AND t.conversion_time <= {watermark}",
-                    set={"is_final": "true"},
+                    set=self._stamped({"is_final": "true"}, batch_id),
                 )
                 .execute()
             )
@@ -386,10 +468,23 @@ class AttributionSink:
                 .merge(source.alias("s"), "t.window_start = s.window_start AND t.ad_id = s.ad_id")
                 .whenMatchedUpdate(set=_update_keeping_final(t.GOLD_1M))
                 .whenNotMatchedInsertAll()
-                .whenNotMatchedBySourceDelete(condition=f"NOT t.is_final AND {in_span}")
+                # Emptied (its only conversion went to another ad): zero, not deleted, so the
+                # change is a row like any other (found again, published as a zero update).
+                .whenNotMatchedBySourceUpdate(
+                    condition=f"NOT t.is_final AND {in_span}",
+                    set=self._stamped(
+                        {
+                            **{n: "0" for n in ("impressions", "clicks", "conversions")},
+                            "spend": "CAST(0 AS DECIMAL(24,9))",
+                            "revenue": "CAST(0 AS DECIMAL(24,6))",
+                            "is_final": f"t.window_end <= {watermark}",
+                        },
+                        batch_id,
+                    ),
+                )
                 .whenNotMatchedBySourceUpdate(
                     condition=f"NOT t.is_final AND t.window_end <= {watermark}",
-                    set={"is_final": "true"},
+                    set=self._stamped({"is_final": "true"}, batch_id),
                 )
                 .execute()
             )
@@ -436,7 +531,7 @@ class AttributionSink:
                 .whenNotMatchedInsertAll()
                 .whenNotMatchedBySourceUpdate(
                     condition=f"NOT t.is_final AND t.window_end <= {watermark}",
-                    set={"is_final": "true"},
+                    set=self._stamped({"is_final": "true"}, batch_id),
                 )
                 .execute()
             )
@@ -512,6 +607,9 @@ class AttributionSink:
         self.timer.mark(t.SESSIONS)
 
 
+# The tables published to the output topic, with the columns of their key.
+PUBLISHED = {t.GOLD_1M: ("window_start", "ad_id"), t.ATTRIBUTIONS: ("conversion_id",)}
+ISO = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"
 MINUTE_MS = 60_000
 SLIDE_MS = 5 * MINUTE_MS
 HOUR_MS = 60 * MINUTE_MS

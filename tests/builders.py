@@ -79,3 +79,24 @@ def run_adattr(env: dict[str, str], *args: str, timeout: float = 600):  # type: 
         timeout=timeout,
         check=False,
     )
+
+
+def settings_env(settings: Any, **extra: str) -> dict[str, str]:
+    """The environment that gives an ``adattr`` subprocess the same settings as ``settings``
+    (warehouse, checkpoints, topics, windows), plus ``extra``."""
+    values = dict(
+        bootstrap_servers=settings.bootstrap_servers,
+        warehouse=str(settings.warehouse),
+        checkpoints=str(settings.checkpoints),
+        data_dir=str(settings.data_dir),
+        input_topic=settings.input_topic,
+        output_topic=settings.output_topic,
+        control_topic=settings.control_topic,
+        watermark_delay=settings.watermark_delay,
+        attribution_lookback=settings.attribution_lookback,
+        session_gap=settings.session_gap,
+        max_offsets_per_trigger=str(settings.max_offsets_per_trigger),
+        spark_master="local[2]",
+        shuffle_partitions=str(settings.shuffle_partitions),
+    )
+    return adattr_env(**{**values, **extra})

@@ -39,6 +39,7 @@ def main() -> int:
     lookback = settings.attribution_lookback_seconds
     clicks = (
         events.where(F.col("event_type") == "click")
+        .drop("advertiser_id")
         .join(F.broadcast(dim.select("ad_id", "advertiser_id")), "ad_id")
         .select(
             F.col("event_id").alias("click_id"),

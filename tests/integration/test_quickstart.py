@@ -28,6 +28,9 @@ def test_demo_generates_runs_and_verifies(kafka_bootstrap: str, tmp_path: Path) 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "verify: OK" in done.stdout
     assert "cmp-000" in done.stdout  # the per-campaign summary
+    # The budget service read the job's transactional output and raised the alerts it should.
+    assert "consume: " in done.stdout and "budget alerts: " in done.stdout
+    assert "budget alerts: 0" not in done.stdout
     # A second demo resets what the first created and verifies again.
     again = run_adattr(env, "demo", "--events", "1000", "--seed", "2")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]

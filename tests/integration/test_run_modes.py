@@ -21,7 +21,7 @@ from app.verify import diff, observed
 from pipelines import job
 from pipelines import tables as t
 from pipelines.dimension import upsert_dim_ads
-from tests.builders import adattr_env, event
+from tests.builders import event, settings_env
 
 pytestmark = pytest.mark.integration
 
@@ -39,14 +39,7 @@ def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Sett
     traffic = plan_traffic(GenConfig(events=2000, seed=5, users=50, ads=10, late_ratio=0))
     ensure_topics(settings.bootstrap_servers, app_topics(settings))
     upsert_dim_ads(spark, str(settings.warehouse.resolve()), traffic.dim_rows)
-    env = adattr_env(
-        bootstrap_servers=settings.bootstrap_servers,
-        warehouse=str(settings.warehouse),
-        checkpoints=str(settings.checkpoints),
-        input_topic=settings.input_topic,
-        spark_master="local[2]",
-        max_offsets_per_trigger="700",  # several batches
-    )
+    env = settings_env(settings, max_offsets_per_trigger="700")  # several batches
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("adattr")), "run"],
         env=env,
