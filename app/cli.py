@@ -207,6 +207,27 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_quality(args: argparse.Namespace, settings: Settings) -> int:
+    from app.quality import run_quality
+    from app.spark import build_spark
+
+    spark = build_spark(settings, "adattr-quality")
+    report = run_quality(
+        spark,
+        str(settings.warehouse.resolve()),
+        settings.data_dir / "gx",
+        lookback_seconds=settings.attribution_lookback_seconds,
+    )
+    failed = len(report.failures)
+    print(f"quality: {report.checked} expectations checked, {failed} failed")
+    for f in report.failures:
+        print(f"  FAILED {f.table}: {f.expectation}: {f.why}")
+        print(f"         unexpected: {f.unexpected}; e.g. {f.examples}")
+    if report.docs is not None:
+        print(f"Data Docs: file://{report.docs.resolve()}")
+    return 1 if failed else 0
+
+
 def cmd_consume(args: argparse.Namespace, settings: Settings) -> int:
     from app.consumer import BudgetStore, consume, read_budgets_csv
 
@@ -314,6 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("summary", cmd_summary, "print spend per campaign from gold_ad_metrics_1m")
     verify = add("verify", cmd_verify, "compare the tables with a truth file; non-zero on any diff")
     verify.add_argument("--truth", required=True, help="truth file from `adattr generate --truth`")
+    add(
+        "quality",
+        cmd_quality,
+        "validate every table with the Great Expectations suites; writes Data Docs",
+    )
     consume_cmd = add(
         "consume",
         cmd_consume,

@@ -51,6 +51,7 @@ BAD_KINDS = (
     c.INVALID_VALUE,
     c.UNEXPECTED_FIELD,
     c.UNSUPPORTED_SCHEMA_VERSION,
+    c.QUALITY_EVENT_TIME_IN_FUTURE,
 )
 
 
@@ -186,6 +187,8 @@ def plan_traffic(cfg: GenConfig) -> Traffic:
             e["revenue"] = 1
         elif reason == c.UNSUPPORTED_SCHEMA_VERSION:
             e["schema_version"] = 2
+        elif reason == c.QUALITY_EVENT_TIME_IN_FUTURE:
+            e["event_time"] = iso_millis(at.replace(year=2999))  # fixed: the bytes stay the same
         return json.dumps(e, separators=(",", ":")).encode()
 
     bad_index = 0

@@ -110,6 +110,32 @@ class AttributionSink:
         self.ctx = ctx
         self.timer = StepTimer()
         self.last_counts = ""
+        self._replayed: dict[tuple[str, int], int] | None = None
+
+    def _prior_decisions(self) -> DataFrame | None:
+        """Decisions of earlier generations on offsets this generation reads again (a replay),
+        or None when no other generation read this topic (the normal case: no cost at all)."""
+        if self._replayed is None:
+            ledger = self._load(t.LEDGER).where(F.col("app_id") != self.ctx.app_id)
+            self._replayed = {
+                (r.kafka_topic, r.kafka_partition): int(r.upto)
+                for r in ledger.select(F.explode("offsets").alias("o"))
+                .groupBy("o.kafka_topic", "o.kafka_partition")
+                .agg(F.max("o.to_offset").alias("upto"))
+                .collect()
+            }
+        if not self._replayed:
+            return None
+        seen = " OR ".join(
+            f"(kafka_topic = '{topic}' AND kafka_partition = {p} AND kafka_offset <= {upto})"
+            for (topic, p), upto in sorted(self._replayed.items())
+        )
+        keys = ["kafka_topic", "kafka_partition", "kafka_offset"]
+        accepted = (
+            self._load(t.SILVER).where(seen).select(*keys, F.lit(ACCEPTED).alias("prior_outcome"))
+        )
+        late = self._load(t.LATE).where(seen).select(*keys, F.lit(LATE).alias("prior_outcome"))
+        return accepted.unionByName(late)
 
     def path(self, name: str) -> str:
         return f"{self.ctx.warehouse}/{name}"
@@ -129,7 +155,9 @@ class AttributionSink:
         firsts = batch_df.where(F.col("_branch") == FIRST).select(
             "kafka_topic", "kafka_partition", "kafka_offset"
         )
-        rows = enrich(classify(records, firsts, watermark_ms=meta.watermark_ms), dim).withColumns(
+        prior = self._prior_decisions()
+        classified = classify(records, firsts, watermark_ms=meta.watermark_ms, prior=prior)
+        rows = enrich(classified, dim).withColumns(
             {"generation": F.lit(self.ctx.generation), "batch_id": F.lit(batch_id).cast("long")}
         )
         rows.persist(StorageLevel.MEMORY_AND_DISK)

@@ -71,7 +71,7 @@ def _text(name: str) -> Column:
     return F.expr(f"try_variant_get(_v, '$.{name}', 'string')")
 
 
-def parse_events(*, max_bytes: int) -> Callable[[DataFrame], DataFrame]:
+def parse_events(*, max_bytes: int, quality_gate: bool = True) -> Callable[[DataFrame], DataFrame]:
     """Adds the typed ``ad_event.v1`` columns and ``reject_reason`` (null when valid).
 
     Checks run in a fixed order and the first failing one names the reason, so a record has
@@ -145,8 +145,20 @@ def parse_events(*, max_bytes: int) -> Callable[[DataFrame], DataFrame]:
             ).isNull(),
         ),
         (c.NEGATIVE_REVENUE, _present("revenue") & _text("revenue").startswith("-")),
+        (
+            # current_timestamp() is the micro-batch's own timestamp in a streaming query (from
+            # the offset log), so a re-executed batch decides the same.
+            c.QUALITY_EVENT_TIME_IN_FUTURE,
+            F.expr(
+                "try_to_timestamp(try_variant_get(_v, '$.event_time', 'string'), "
+                "\"yyyy-MM-dd'T'HH:mm:ss.SSSX\") > current_timestamp() + "
+                f"INTERVAL {c.FUTURE_TOLERANCE_S} SECONDS"
+            ),
+        ),
         (c.INVALID_VALUE, _present("revenue") & ~_text("revenue").rlike(revenue_pattern)),
     ]
+    if not quality_gate:  # only for measuring what the gate costs (infra/bench/quality_gate.py)
+        checks = [(code, cond) for code, cond in checks if code != c.QUALITY_EVENT_TIME_IN_FUTURE]
     reason = F.coalesce(*[F.when(cond, F.lit(code)) for code, cond in checks])
 
     def typed(name: str) -> Column:
@@ -199,26 +211,39 @@ def first_sightings(*, watermark_delay: str) -> Callable[[DataFrame], DataFrame]
     return transform
 
 
-def classify(parsed: DataFrame, firsts: DataFrame, *, watermark_ms: int) -> DataFrame:
+def classify(
+    parsed: DataFrame,
+    firsts: DataFrame,
+    *,
+    watermark_ms: int,
+    prior: DataFrame | None = None,
+) -> DataFrame:
     """Adds ``outcome``: the quarantine reason, ``late``, ``duplicate`` or ``accepted``.
 
     A valid record is late when its event time is at or behind this batch's watermark: the
     stateful operator drops only records behind a watermark at most this high, so every record
     it dropped for lateness is classified late here, and every other valid record it did not
     emit is a duplicate.
+
+    ``prior`` (coordinates and ``prior_outcome``) holds the decisions an earlier checkpoint
+    generation already made for records this batch reads again (a replay): they stand, so a
+    record is never late in one generation and accepted in another. A replay's watermark
+    restarts from zero and its batches differ, so deciding afresh could disagree.
     """
+    keys = ["kafka_topic", "kafka_partition", "kafka_offset"]
     watermark = F.timestamp_millis(F.lit(watermark_ms))
-    marked = firsts.select(
-        "kafka_topic", "kafka_partition", "kafka_offset", F.lit(True).alias("_first")
-    )
-    joined = parsed.join(marked, ["kafka_topic", "kafka_partition", "kafka_offset"], "left")
+    marked = firsts.select(*keys, F.lit(True).alias("_first"))
+    joined = parsed.join(marked, keys, "left")
+    outcome = F.when(F.col("reject_reason").isNotNull(), F.col("reject_reason"))
+    if prior is not None:
+        joined = joined.join(prior.select(*keys, "prior_outcome"), keys, "left")
+        outcome = outcome.when(F.col("prior_outcome").isNotNull(), F.col("prior_outcome"))
     outcome = (
-        F.when(F.col("reject_reason").isNotNull(), F.col("reject_reason"))
-        .when(F.col("event_time") <= watermark, F.lit(LATE))
+        outcome.when(F.col("event_time") <= watermark, F.lit(LATE))
         .when(F.col("_first").isNull(), F.lit(DUPLICATE))
         .otherwise(F.lit(ACCEPTED))
     )
-    return joined.withColumn("outcome", outcome).drop("_first")
+    return joined.withColumn("outcome", outcome).drop("_first", "prior_outcome")
 
 
 def enrich(classified: DataFrame, dim_ads: DataFrame) -> DataFrame:

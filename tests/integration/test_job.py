@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections import Counter
 from dataclasses import replace
 
 import pytest
+from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from app.generator import GenConfig, plan_traffic, produce
 from app.kafka_io import app_topics, ensure_topics
+from app.quality import run_quality
 from app.settings import Settings
 from app.verify import diff, observed
 from pipelines import job
 from pipelines import tables as t
 from pipelines.dimension import upsert_dim_ads
 from schemas import ad_event as c
+from tests.builders import run_adattr, settings_env
 from tests.conftest import isolated_settings
 
 pytestmark = pytest.mark.integration
@@ -120,6 +124,49 @@ def test_golden_end_to_end_matches_truth_exactly(spark, settings: Settings, gold
     closing = [r.counts.get("sessions_closed", 0) for r in ledger]
     assert sum(closing) == len(golden.truth["sessions"])
     assert sum(n > 0 for n in closing) >= 3
+
+
+def test_quality_suites_pass_on_the_golden_tables(
+    spark, settings: Settings, golden, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    report = run_quality(
+        spark,
+        _warehouse(settings),
+        tmp_path / "gx",
+        lookback_seconds=settings.attribution_lookback_seconds,
+    )
+    assert [f.expectation for f in report.failures] == []
+    assert report.checked >= 20
+    assert report.docs is not None and "silver_ad_events" in report.docs.read_text()
+
+
+def test_quality_names_what_a_corrupted_copy_breaks(
+    spark, settings: Settings, golden, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """A copy of the tables with a duplicate event id, a negative spend and a window of the
+    wrong length: `adattr quality` exits 1 and names each broken expectation."""
+    copy = tmp_path / "warehouse"
+    shutil.copytree(settings.warehouse, copy)
+    silver = spark.read.format("delta").load(f"{copy}/{t.SILVER}")
+    silver.limit(1).write.format("delta").mode("append").save(f"{copy}/{t.SILVER}")
+    gold = DeltaTable.forPath(spark, f"{copy}/{t.GOLD_1M}")
+    first, second = gold.toDF().orderBy("window_start", "ad_id").limit(2).collect()
+    gold.update(
+        f"ad_id = '{first.ad_id}' AND window_start = '{first.window_start}'", {"spend": "-1"}
+    )
+    gold.update(
+        f"ad_id = '{second.ad_id}' AND window_start = '{second.window_start}'",
+        {"window_end": "window_start + INTERVAL 2 MINUTES"},
+    )
+    env = settings_env(settings, warehouse=str(copy), data_dir=str(tmp_path / "data"))
+    done = run_adattr(env, "quality")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "FAILED silver_ad_events: expect_column_values_to_be_unique(event_id)" in out
+    assert "FAILED gold_ad_metrics_1m: expect_column_values_to_be_between(spend)" in out
+    assert "FAILED gold_ad_metrics_1m: expect_column_values_to_be_in_set(window_seconds)" in out
+    assert "FAILED reconciliation" in out  # the duplicate also breaks gold = silver
+    assert "Data Docs: file://" in out
 
 
 def test_state_lives_in_rocksdb_with_changelog_checkpointing(settings: Settings, golden) -> None:  # type: ignore[no-untyped-def]

@@ -32,7 +32,7 @@ def test_same_seed_same_bytes(traffic) -> None:  # type: ignore[no-untyped-def]
 def test_good_records_validate_and_bad_ones_do_not(traffic) -> None:  # type: ignore[no-untyped-def]
     validator = jsonschema.Draft202012Validator(c.contract().raw)
     known_ads = {row[0] for row in traffic.dim_rows}
-    valid = invalid = unknown_ad = 0
+    valid = invalid = unknown_ad = future = 0
     for key, value in traffic.main + traffic.tail:
         try:
             doc = json.loads(value)
@@ -41,15 +41,19 @@ def test_good_records_validate_and_bad_ones_do_not(traffic) -> None:  # type: ig
             continue
         if validator.is_valid(doc) and len(value) <= 16384:
             valid += 1
-            if doc.get("ad_id", "ad-0000") not in known_ads:
+            if doc["event_time"] > "2100":  # the quality gate's: too far in the future
+                future += 1
+            elif doc.get("ad_id", "ad-0000") not in known_ads:
                 unknown_ad += 1
             else:
                 assert key == doc["user_id"].encode()
         else:
             invalid += 1
     quarantine = traffic.truth["quarantine"]
-    assert invalid == sum(quarantine.values()) - quarantine[c.UNKNOWN_AD]
+    gated = quarantine[c.UNKNOWN_AD] + quarantine[c.QUALITY_EVENT_TIME_IN_FUTURE]
+    assert invalid == sum(quarantine.values()) - gated
     assert unknown_ad == quarantine[c.UNKNOWN_AD]
+    assert future == quarantine[c.QUALITY_EVENT_TIME_IN_FUTURE]
 
 
 def test_truth_adds_up(traffic) -> None:  # type: ignore[no-untyped-def]

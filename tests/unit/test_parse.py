@@ -41,6 +41,7 @@ CASES: list[tuple[object, str | None]] = [
     (event("e18", "conversion", ad_id=None, revenue="-0.5"), c.NEGATIVE_REVENUE),
     (event("e19", "conversion", ad_id=None, revenue="1.1234567"), c.INVALID_VALUE),
     (event("e20", "conversion", ad_id=None, revenue="abc"), c.INVALID_VALUE),
+    (event("e21", event_time="2999-01-01T00:00:00.000Z"), c.QUALITY_EVENT_TIME_IN_FUTURE),
 ]
 
 

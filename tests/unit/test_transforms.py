@@ -71,3 +71,21 @@ def test_enrichment_and_exact_cost(spark: SparkSession, dim: DataFrame) -> None:
         ("cmp-1", "adv-1", Decimal("1.000001000")),  # cpc
         (None, "adv-9", None),  # a conversion keeps its own advertiser, is not billed
     ]
+
+
+def test_prior_decisions_of_another_generation_stand(spark: SparkSession, dim: DataFrame) -> None:
+    """A replay re-reads records an earlier generation already decided: late stays late,
+    accepted stays accepted, whatever this generation's watermark says."""
+    values = [
+        event("a", event_time="2026-11-20T09:00:00.000Z"),  # behind the watermark, was accepted
+        event("b", event_time="2026-11-20T10:30:00.000Z"),  # ahead of it, was late
+        event("c", event_time="2026-11-20T10:30:00.000Z"),  # no earlier decision
+    ]
+    parsed = kafka_rows(spark, values, partitions=1).transform(parse_events(max_bytes=4096))
+    firsts = parsed.select("kafka_topic", "kafka_partition", "kafka_offset")
+    prior = spark.createDataFrame(
+        [("t", 0, 0, "accepted"), ("t", 0, 1, LATE)],
+        "kafka_topic string, kafka_partition int, kafka_offset long, prior_outcome string",
+    )
+    rows = classify(parsed, firsts, watermark_ms=WATERMARK_MS, prior=prior).orderBy("kafka_offset")
+    assert [r.outcome for r in rows.collect()] == ["accepted", LATE, "accepted"]
