@@ -358,11 +358,13 @@ def run_quality(
 ) -> Report:
     """Validates every table; writes Data Docs under ``gx_root``; returns what failed."""
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no usage statistics leave
-    os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bars in a CLI's output
     import great_expectations as gx
 
     gx_root.mkdir(parents=True, exist_ok=True)
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
     context = gx.get_context(mode="file", project_root_dir=str(gx_root))
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)  # a CLI, not a notebook
     source = context.data_sources.add_or_update_pandas("adattr")
     definitions = []
     frames = {}
