@@ -98,7 +98,8 @@ def cmd_dim_load(args: argparse.Namespace, settings: Settings) -> int:
 def gen_config(args: argparse.Namespace, settings: Settings) -> GenConfig:
     from app.generator import GenConfig
 
-    cfg = GenConfig(
+    cfg = GenConfig.for_settings(
+        settings,
         events=args.events,
         seed=args.seed,
         users=args.users,
@@ -107,10 +108,6 @@ def gen_config(args: argparse.Namespace, settings: Settings) -> GenConfig:
         late_ratio=args.late_ratio,
         malformed_ratio=args.malformed_ratio,
         step_ms=args.step_ms,
-        watermark_delay_s=settings.watermark_delay_seconds,
-        max_record_bytes=settings.max_record_bytes,
-        lookback_s=settings.attribution_lookback_seconds,
-        session_gap_s=settings.session_gap_seconds,
     )
     try:
         cfg.validate()

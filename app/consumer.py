@@ -24,11 +24,10 @@ from typing import Any
 
 from app.crash import crash_point
 from app.errors import UserInputError
+from schemas.ad_metrics import ATTRIBUTIONS, METRICS, PUBLISHED
 
 log = logging.getLogger("adattr.consume")
 
-METRICS = "gold_ad_metrics_1m"
-ATTRIBUTIONS = "gold_attributions"
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS consumer_offsets (
         topic TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
@@ -48,29 +47,6 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS budget_alerts (
         campaign_id TEXT NOT NULL, day TEXT NOT NULL, spend TEXT NOT NULL,
         daily_budget TEXT NOT NULL, record_id TEXT NOT NULL, PRIMARY KEY (campaign_id, day))""",
-)
-METRIC_COLUMNS = (
-    "window_end",
-    "campaign_id",
-    "advertiser_id",
-    "impressions",
-    "clicks",
-    "spend",
-    "conversions",
-    "revenue",
-    "is_final",
-)
-ATTRIBUTION_COLUMNS = (
-    "conversion_time",
-    "user_id",
-    "advertiser_id",
-    "revenue",
-    "click_id",
-    "click_time",
-    "ad_id",
-    "campaign_id",
-    "status",
-    "is_final",
 )
 
 
@@ -166,15 +142,11 @@ class BudgetStore:
 
     def _upsert(self, db: sqlite3.Connection, doc: dict[str, Any]) -> bool:
         table = doc["table"]
-        keys: tuple[str, ...]
-        columns: tuple[str, ...]
-        if table == METRICS:
-            name, keys, columns = "ad_metrics", ("window_start", "ad_id"), METRIC_COLUMNS
-        elif table == ATTRIBUTIONS:
-            name, keys, columns = "attributions", ("conversion_id",), ATTRIBUTION_COLUMNS
-        else:
+        name = {METRICS: "ad_metrics", ATTRIBUTIONS: "attributions"}.get(table)
+        if name is None:
             log.warning("skipping a record of unknown table %r (%s)", table, doc.get("record_id"))
             return False
+        keys, columns = PUBLISHED[table]
         row = doc["row"]
         names = (*keys, *columns, "generation", "batch_id", "record_id")
         values = [_sql(row.get(k)) for k in (*keys, *columns)]

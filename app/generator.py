@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from app.settings import Settings
 from app.truth import Accepted, expected_results
 from schemas import ad_event as c
 
@@ -69,6 +70,18 @@ class GenConfig:
     max_record_bytes: int = 16384
     lookback_s: int = 86_400
     session_gap_s: int = 1800
+
+    @classmethod
+    def for_settings(cls, settings: Settings, **traffic: Any) -> GenConfig:
+        """The traffic shape given, with the job's own windows and limits from ``settings``, so
+        the truth file expects what that job computes."""
+        return cls(
+            watermark_delay_s=settings.watermark_delay_seconds,
+            max_record_bytes=settings.max_record_bytes,
+            lookback_s=settings.attribution_lookback_seconds,
+            session_gap_s=settings.session_gap_seconds,
+            **traffic,
+        )
 
     def validate(self) -> None:
         if self.events < 1 or self.users < 1 or self.ads < 1 or self.step_ms < 1:

@@ -13,6 +13,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from pipelines.transforms import AD_EVENT_TYPES
+from schemas.ad_metrics import ATTRIBUTIONS, PUBLISHED
 
 WINDOW = "1 minute"
 CTR_WINDOW = "1 hour"
@@ -20,18 +21,10 @@ CTR_SLIDE = "5 minutes"
 ATTRIBUTED = "attributed"
 UNATTRIBUTED = "unattributed"
 
-ATTRIBUTION_COLUMNS = (
-    "conversion_id",
-    "conversion_time",
-    "user_id",
-    "advertiser_id",
-    "revenue",
-    "click_id",
-    "click_time",
-    "ad_id",
-    "campaign_id",
-    "status",
-)
+# What attribute() returns: the published attribution row (schemas/ad_metrics.py) before the
+# sink adds is_final.
+_KEY, _VALUES = PUBLISHED[ATTRIBUTIONS]
+ATTRIBUTION_COLUMNS = (*_KEY, *[c for c in _VALUES if c != "is_final"])
 
 
 def _seconds(n: int) -> Column:

@@ -48,6 +48,7 @@ from pipelines.gold import (
 from pipelines.publish import TransactionalPublisher
 from pipelines.transforms import ACCEPTED, LATE, classify, enrich
 from schemas import ad_event as c
+from schemas.ad_metrics import PUBLISHED
 
 log = logging.getLogger("adattr.sink")
 RECORD = "record"
@@ -306,7 +307,7 @@ class AttributionSink:
     def _changed_records(self, batch_id: int) -> DataFrame:
         mine = (F.col("generation") == self.ctx.generation) & (F.col("batch_id") == batch_id)
         frames = []
-        for name, keys in PUBLISHED.items():
+        for name, (keys, columns) in PUBLISHED.items():
             changed = self._load(name).where(mine)
             key = F.concat_ws(
                 "|",
@@ -328,9 +329,7 @@ class AttributionSink:
                     F.lit(self.ctx.app_id).alias("app_id"),
                     F.col("generation"),
                     F.col("batch_id"),
-                    F.struct(
-                        *[c for c in t.columns(name) if c not in ("generation", "batch_id")]
-                    ).alias("row"),
+                    F.struct(*keys, *columns).alias("row"),
                 ),
                 # Nulls stay (an unattributed conversion has click_id null, not absent).
                 {"timestampFormat": ISO, "ignoreNullFields": "false"},
@@ -635,8 +634,6 @@ class AttributionSink:
         self.timer.mark(t.SESSIONS)
 
 
-# The tables published to the output topic, with the columns of their key.
-PUBLISHED = {t.GOLD_1M: ("window_start", "ad_id"), t.ATTRIBUTIONS: ("conversion_id",)}
 ISO = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"
 MINUTE_MS = 60_000
 SLIDE_MS = 5 * MINUTE_MS

@@ -106,16 +106,8 @@ def consumer_attributions(db: Path) -> dict[str, str | None]:
 def test_crashes_between_and_inside_commits_leave_an_exact_downstream_view(
     spark: SparkSession, settings: Settings, tmp_path: Path
 ) -> None:
-    cfg = GenConfig(
-        events=2000,
-        seed=23,
-        users=300,
-        ads=20,
-        late_ratio=0,
-        step_ms=1000,
-        watermark_delay_s=settings.watermark_delay_seconds,
-        lookback_s=settings.attribution_lookback_seconds,
-        session_gap_s=settings.session_gap_seconds,
+    cfg = GenConfig.for_settings(
+        settings, events=2000, seed=23, users=300, ads=20, late_ratio=0, step_ms=1000
     )
     traffic = plan_traffic(cfg)
     ensure_topics(settings.bootstrap_servers, app_topics(settings))

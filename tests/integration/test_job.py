@@ -79,7 +79,8 @@ def _stop_after(spark: SparkSession, settings: Settings, batches: int) -> None:
 def golden(spark: SparkSession, settings: Settings):  # type: ignore[no-untyped-def]
     """Main segment in; the job runs three batches and is stopped mid-run; restarted, it runs
     to the end; the late tail in; the job runs again."""
-    cfg = GenConfig(
+    cfg = GenConfig.for_settings(
+        settings,
         events=3000,
         seed=11,
         users=300,
@@ -87,9 +88,6 @@ def golden(spark: SparkSession, settings: Settings):  # type: ignore[no-untyped-
         late_ratio=0.003,
         malformed_ratio=0.03,
         step_ms=1000,
-        watermark_delay_s=settings.watermark_delay_seconds,
-        lookback_s=settings.attribution_lookback_seconds,
-        session_gap_s=settings.session_gap_seconds,
     )
     traffic = plan_traffic(cfg)
     ensure_topics(settings.bootstrap_servers, app_topics(settings))
