@@ -204,6 +204,22 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
+    from app.audit import audit
+    from app.spark import build_spark
+    from pipelines.job import current_generation
+
+    spark = build_spark(settings, "adattr-audit")
+    gen = current_generation(settings.checkpoints)
+    checks = audit(spark, str(settings.warehouse.resolve()), gen.app_id, settings.bootstrap_servers)
+    print(f"audit of generation {gen.number} ({gen.app_id}):")
+    for check in checks:
+        print(f"  {'OK    ' if check.ok else 'BREACH'} {check.name}: {check.detail}")
+    breaches = sum(not check.ok for check in checks)
+    print(f"audit: {len(checks)} checks, {breaches} breach(es)")
+    return 1 if breaches else 0
+
+
 def cmd_quality(args: argparse.Namespace, settings: Settings) -> int:
     from app.quality import run_quality
     from app.spark import build_spark
@@ -332,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("summary", cmd_summary, "print spend per campaign from gold_ad_metrics_1m")
     verify = add("verify", cmd_verify, "compare the tables with a truth file; non-zero on any diff")
     verify.add_argument("--truth", required=True, help="truth file from `adattr generate --truth`")
+    add("audit", cmd_audit, "check the ledger's invariants against the tables and Kafka")
     add(
         "quality",
         cmd_quality,

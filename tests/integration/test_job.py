@@ -12,6 +12,7 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
+from app.audit import audit
 from app.generator import GenConfig, plan_traffic, produce
 from app.kafka_io import app_topics, ensure_topics
 from app.quality import run_quality
@@ -122,6 +123,21 @@ def test_golden_end_to_end_matches_truth_exactly(spark, settings: Settings, gold
     closing = [r.counts.get("sessions_closed", 0) for r in ledger]
     assert sum(closing) == len(golden.truth["sessions"])
     assert sum(n > 0 for n in closing) >= 3
+
+
+def test_audit_passes_on_the_golden_run_and_catches_a_doubled_record(
+    spark, settings: Settings, golden, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    gen = job.current_generation(settings.checkpoints)
+    checks = audit(spark, _warehouse(settings), gen.app_id, settings.bootstrap_servers)
+    assert [c.name for c in checks if not c.ok] == []
+    assert len(checks) >= 10
+    copy = tmp_path / "warehouse"
+    shutil.copytree(settings.warehouse, copy)
+    bronze = spark.read.format("delta").load(f"{copy}/{t.BRONZE}")
+    bronze.limit(1).write.format("delta").mode("append").save(f"{copy}/{t.BRONZE}")
+    broken = [c.name for c in audit(spark, str(copy), gen.app_id, None) if not c.ok]
+    assert broken == ["bronze holds every record read"]
 
 
 def test_quality_suites_pass_on_the_golden_tables(
