@@ -25,8 +25,6 @@ from pyspark.sql import functions as F
 from pipelines import tables as t
 from schemas import ad_event as c
 
-FUTURE_TOLERANCE_S = c.FUTURE_TOLERANCE_S
-
 
 @dataclass(frozen=True)
 class Rule:
@@ -201,9 +199,9 @@ def suites() -> list[Suite]:
                 ),
                 _rule(
                     "ExpectColumnValuesToBeBetween",
-                    f"event_time at most {FUTURE_TOLERANCE_S}s ahead of now",
+                    f"event_time at most {c.FUTURE_TOLERANCE_S}s ahead of now",
                     column="seconds_ahead_of_now",
-                    max_value=FUTURE_TOLERANCE_S,
+                    max_value=c.FUTURE_TOLERANCE_S,
                 ),
                 *non_negative,
             ],

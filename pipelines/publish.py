@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,7 +241,3 @@ class TransactionalPublisher:
 
     def close(self) -> None:
         self.producer.flush(self.timeout)
-
-
-def record_key(parts: Sequence[str]) -> bytes:
-    return "|".join(parts).encode()
