@@ -151,10 +151,59 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     started = time.monotonic()
     try:
         job.run(spark, settings, available_now=args.available_now)
-    except (DimensionMissingError, job.JobFailedError, PublishError) as exc:
+    except (DimensionMissingError, job.JobFailedError, job.JobRunningError, PublishError) as exc:
         print(f"adattr run: {exc}", file=sys.stderr)
         return 1
     print(f"run: stopped after {time.monotonic() - started:.1f}s")
+    return cmd_summary(args, settings, spark)
+
+
+def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
+    from app import replay as r
+    from app.spark import build_spark
+    from pipelines import job
+    from pipelines.dimension import DimensionMissingError
+    from pipelines.publish import PublishError
+
+    topic = settings.input_topic
+    partitions = r.describe_topic(settings.bootstrap_servers, topic)  # checks before Spark
+    if args.from_offsets:
+        chosen: dict[int, int] | None = r.parse_offsets(args.from_offsets, topic, partitions)
+        why = f"replay --from-offsets {args.from_offsets}"
+    elif args.from_timestamp:
+        ms = r.parse_timestamp(args.from_timestamp)
+        chosen = r.offsets_at(settings.bootstrap_servers, topic, partitions, ms)
+        why = f"replay --from-timestamp {args.from_timestamp}"
+    else:
+        chosen, why = None, "replay --from-earliest"
+    spark = build_spark(settings, "adattr-replay")
+    warehouse = str(settings.warehouse.resolve())
+    upto = r.ledger_read_upto(spark, warehouse, topic) if job.has_ledger(spark, warehouse) else {}
+    start = r.plan(topic=topic, partitions=partitions, chosen=chosen, read_upto=upto)
+    made: list[job.Generation] = []
+
+    def new_generation() -> None:
+        old = job.current_generation(settings.checkpoints)
+        gen = job.new_generation(
+            settings.checkpoints, old.number + 1, r.spark_starting_offsets(topic, start), why
+        )
+        made.append(gen)
+        print(f"replay: generation {gen.number} ({gen.app_id}) replaces {old.number}; {why}")
+        for p, offset in sorted(start.items()):
+            at = "earliest" if offset == r.EARLIEST else str(offset)
+            print(f"  {topic}[{p}] from {at} (held {partitions[p].low}..{partitions[p].high - 1})")
+        print(f"  offsets read again: up to {r.rereads(start, partitions, upto):,}")
+
+    started = time.monotonic()
+    try:
+        job.run(spark, settings, available_now=not args.keep_running, before_start=new_generation)
+    except (DimensionMissingError, job.JobFailedError, job.JobRunningError, PublishError) as exc:
+        print(f"adattr replay: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"replay: generation {made[0].number} caught up in {time.monotonic() - started:.1f}s; "
+        "`adattr run` continues it, `adattr audit` checks it"
+    )
     return cmd_summary(args, settings, spark)
 
 
@@ -211,13 +260,63 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
 
     spark = build_spark(settings, "adattr-audit")
     gen = current_generation(settings.checkpoints)
-    checks = audit(spark, str(settings.warehouse.resolve()), gen.app_id, settings.bootstrap_servers)
-    print(f"audit of generation {gen.number} ({gen.app_id}):")
+    checks = audit(spark, str(settings.warehouse.resolve()), settings.bootstrap_servers)
+    print(f"audit of every generation (current: {gen.number}, {gen.app_id}):")
     for check in checks:
         print(f"  {'OK    ' if check.ok else 'BREACH'} {check.name}: {check.detail}")
     breaches = sum(not check.ok for check in checks)
     print(f"audit: {len(checks)} checks, {breaches} breach(es)")
     return 1 if breaches else 0
+
+
+def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
+    from app.reconcile import reconcile
+    from app.spark import build_spark
+
+    spark = build_spark(settings, "adattr-reconcile")
+    started = time.monotonic()
+    diffs = reconcile(
+        spark,
+        str(settings.warehouse.resolve()),
+        max_bytes=settings.max_record_bytes,
+        lookback_seconds=settings.attribution_lookback_seconds,
+        session_gap_seconds=settings.session_gap_seconds,
+    )
+    print("reconcile: every table recomputed from bronze_ad_events in one batch job, vs the stream")
+    for d in diffs:
+        print(
+            f"  {'OK  ' if d.ok else 'DIFF'} {d.table}: {d.rows:,} rows; "
+            f"{d.missing:,} missing, {d.unexpected:,} unexpected"
+        )
+        for example in d.examples:
+            print(f"         {example}")
+    bad = sum(not d.ok for d in diffs)
+    print(f"reconcile: {len(diffs)} tables, {bad} differ ({time.monotonic() - started:.1f}s)")
+    return 1 if bad else 0
+
+
+def cmd_drill(args: argparse.Namespace, settings: Settings) -> int:
+    from app import drills
+
+    if args.drill == "crash":
+        points = (
+            drills.JOB_POINTS
+            if args.points == "all"
+            else tuple(p for p in args.points.split(",") if p)
+        )
+        unknown = [p for p in points if p not in drills.JOB_POINTS]
+        if unknown:
+            raise UserInputError(
+                f"unknown crash point(s) {', '.join(unknown)}; known: {drills.describe_points()}"
+            )
+        return drills.drill_crash(
+            settings, kills=args.kills, seed=args.seed, events=args.events, points=points
+        )
+    if args.drill == "replay":
+        return drills.drill_replay(settings, seed=args.seed, events=args.events, full=args.full)
+    return drills.drill_broker(
+        settings, seed=args.seed, events=args.events, down_seconds=args.down_seconds
+    )
 
 
 def cmd_quality(args: argparse.Namespace, settings: Settings) -> int:
@@ -345,10 +444,67 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--available-now", action="store_true", help="process everything in the topic, then exit"
     )
+    replay = add(
+        "replay",
+        cmd_replay,
+        "start a new checkpoint generation that re-reads the input from chosen offsets; "
+        "tables stay exact (see README: Replays)",
+    )
+    where = replay.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--from-offsets",
+        metavar="JSON",
+        help='e.g. \'{"ad-events":{"0":1200,"3":0}}\'; partitions not named are not replayed',
+    )
+    where.add_argument(
+        "--from-timestamp", metavar="ISO", help="e.g. 2026-11-20T10:00:00Z (Kafka record time)"
+    )
+    where.add_argument("--from-earliest", action="store_true", help="everything Kafka holds")
+    replay.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="keep the job running after catching up (default: stop when caught up)",
+    )
     add("summary", cmd_summary, "print spend per campaign from gold_ad_metrics_1m")
     verify = add("verify", cmd_verify, "compare the tables with a truth file; non-zero on any diff")
     verify.add_argument("--truth", required=True, help="truth file from `adattr generate --truth`")
     add("audit", cmd_audit, "check the ledger's invariants against the tables and Kafka")
+    add(
+        "reconcile",
+        cmd_reconcile,
+        "recompute every table from bronze in batch mode and diff it with the stream's",
+    )
+    drill = sub.add_parser(
+        "drill",
+        help="crash, replay and broker drills on the local stack; non-zero on any discrepancy",
+        description="Each drill works in its own folder and topics under <data_dir>/drills, "
+        "generates traffic with a truth file, hurts the job, then verifies every table against "
+        "the truth, audits the ledger and reconciles every table from bronze.",
+    )
+    drill_sub = drill.add_subparsers(dest="drill", required=True, metavar="DRILL")
+    crash = drill_sub.add_parser(
+        "crash", help="named crash points, then K SIGKILLs of the job's process tree"
+    )
+    crash.add_argument("--kills", type=int, default=5, help="random SIGKILLs (default 5)")
+    crash.add_argument(
+        "--points",
+        default="all",
+        help="named crash points to hit first, comma-separated, 'all' (default) or ''",
+    )
+    for d in (crash, drill_sub.add_parser("replay", help="replays after a complete run")):
+        d.add_argument("--seed", type=int, default=7)
+        d.add_argument("--events", type=int, default=3000)
+        d.set_defaults(handler=cmd_drill)
+    drill_sub.choices["replay"].add_argument(
+        "--full", action="store_true", help="several offsets, a timestamp and the earliest"
+    )
+    broker_drill = drill_sub.add_parser(
+        "broker", help="SIGKILL the Kafka broker mid-run, restart it, finish"
+    )
+    broker_drill.add_argument("--seed", type=int, default=7)
+    broker_drill.add_argument("--events", type=int, default=3000)
+    broker_drill.add_argument("--down-seconds", type=float, default=15.0)
+    broker_drill.set_defaults(handler=cmd_drill)
     add(
         "quality",
         cmd_quality,

@@ -20,6 +20,7 @@ PREFIX = "ADATTR_"
 # the unknown-variable check.
 SCRIPT_ONLY = frozenset({"ADATTR_PYTHON"})
 STATE_STORES = ("rocksdb", "hdfs")
+DELIVERIES = ("exactly-once", "at-least-once")
 _DURATION = re.compile(r"^\s*(\d+)\s*(second|minute|hour|day)s?\s*$")
 _UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 
@@ -106,6 +107,13 @@ class Settings:
         default="",
         metadata={"doc": "database of `adattr consume` (default sqlite:///<data_dir>/budget.db)"},
     )
+    delivery: str = field(
+        default="exactly-once",
+        metadata={
+            "doc": "exactly-once (default), or at-least-once: plain appends and a plain Kafka "
+            "producer, no idempotency machinery; for the benchmark's B2 baseline only"
+        },
+    )
     crash_at: str = field(
         default="",
         metadata={"doc": "drills and tests only: name[:n],... of crash points to SIGKILL at"},
@@ -161,6 +169,8 @@ class Settings:
             host, _, port = hp.strip().rpartition(":")
             if not host or not port.isdigit():
                 fail("bootstrap_servers", f"{hp!r} is not host:port")
+        if self.delivery not in DELIVERIES:
+            fail("delivery", f"must be one of {', '.join(DELIVERIES)}")
         if self.state_store not in STATE_STORES:
             fail("state_store", f"must be one of {', '.join(STATE_STORES)}")
         for name in ("watermark_delay", "trigger_interval", "attribution_lookback", "session_gap"):

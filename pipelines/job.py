@@ -8,15 +8,21 @@ lateness from the batch's own watermark, and no record is dropped unseen.
 
 A checkpoint *generation* is one checkpoint folder plus the Delta app id that goes with it.
 Batch ids restart at 0 in a new checkpoint, so the app id changes with it (a fresh random one
-per generation): reusing one would make Delta skip real writes as "already committed".
+per generation): reusing one would make Delta skip real writes as "already committed". A
+generation also fixes where it starts reading (``startingOffsets``, only read by Spark when the
+checkpoint is new): the earliest offsets for the first, chosen offsets for a replay.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import signal
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -28,7 +34,7 @@ from pyspark.sql.streaming import StreamingQuery
 from app.kafka_io import app_topics, ensure_topics
 from app.settings import Settings
 from pipelines.dimension import dim_snapshot
-from pipelines.publish import TransactionalPublisher
+from pipelines.publish import PlainPublisher, Publisher, TransactionalPublisher
 from pipelines.sink import FIRST, RECORD, AttributionSink, SinkContext
 from pipelines.tables import create_tables
 from pipelines.transforms import first_sightings, parse_events, with_kafka_coordinates
@@ -40,11 +46,19 @@ class JobFailedError(RuntimeError):
     pass
 
 
+class JobRunningError(RuntimeError):
+    pass
+
+
+EARLIEST = "earliest"
+
+
 @dataclass(frozen=True)
 class Generation:
     number: int
     app_id: str
     checkpoint: Path
+    starting_offsets: str = EARLIEST  # "earliest" or Spark's JSON {"topic": {"0": 12, ...}}
 
 
 def current_generation(checkpoints: Path) -> Generation:
@@ -53,26 +67,73 @@ def current_generation(checkpoints: Path) -> Generation:
     marker = root / "generation.json"
     if marker.exists():
         data = json.loads(marker.read_text())
-        return Generation(data["number"], data["app_id"], root / f"gen-{data['number']:04d}")
+        return Generation(
+            data["number"],
+            data["app_id"],
+            root / f"gen-{data['number']:04d}",
+            data.get("starting_offsets", EARLIEST),
+        )
     return new_generation(checkpoints, 1)
 
 
-def new_generation(checkpoints: Path, number: int) -> Generation:
+def new_generation(
+    checkpoints: Path, number: int, starting_offsets: str = EARLIEST, why: str = "first run"
+) -> Generation:
     root = checkpoints / "attribution"
     root.mkdir(parents=True, exist_ok=True)
-    gen = Generation(number, f"adattr-{uuid.uuid4()}", root / f"gen-{number:04d}")
+    gen = Generation(number, f"adattr-{uuid.uuid4()}", root / f"gen-{number:04d}", starting_offsets)
+    record = {
+        "number": gen.number,
+        "app_id": gen.app_id,
+        "starting_offsets": starting_offsets,
+        "why": why,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    with (root / "generations.jsonl").open("a") as history:  # every generation, for operators
+        history.write(json.dumps(record) + "\n")
     tmp = root / "generation.json.tmp"
-    tmp.write_text(json.dumps({"number": gen.number, "app_id": gen.app_id}))
+    tmp.write_text(json.dumps(record))
     tmp.replace(root / "generation.json")  # atomic: a crash leaves the old or the new one
     return gen
 
 
-def read_events(spark: SparkSession, settings: Settings) -> DataFrame:
+@contextmanager
+def exclusive(checkpoints: Path) -> Iterator[None]:
+    """One job (or replay) at a time on a checkpoint: two would race on every batch. The lock
+    is the kernel's, so a SIGKILLed holder releases it."""
+    root = checkpoints / "attribution"
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / "run.lock").open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise JobRunningError(
+                f"the job is already running on {checkpoints} (pid {holder}); stop it first"
+            ) from None
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
+
+
+def has_ledger(spark: SparkSession, warehouse: str) -> bool:
+    from delta.tables import DeltaTable
+
+    from pipelines import tables as t
+
+    return bool(DeltaTable.isDeltaTable(spark, f"{warehouse}/{t.LEDGER}"))
+
+
+def read_events(
+    spark: SparkSession, settings: Settings, starting_offsets: str = EARLIEST
+) -> DataFrame:
     reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.bootstrap_servers)
         .option("subscribe", settings.input_topic)
-        .option("startingOffsets", "earliest")
+        .option("startingOffsets", starting_offsets)
         # Only committed records: an aborted or still-open producer transaction is never read.
         .option("kafka.isolation.level", "read_committed")
     )
@@ -92,19 +153,30 @@ def attribution_stream(kafka: DataFrame, settings: Settings) -> DataFrame:
     )
 
 
-def start(spark: SparkSession, settings: Settings, *, available_now: bool) -> StreamingQuery:
+def start(
+    spark: SparkSession,
+    settings: Settings,
+    *,
+    available_now: bool,
+    observer: Callable[[int, dict[str, float]], None] | None = None,
+) -> StreamingQuery:
     warehouse = str(settings.warehouse.resolve())
     dim_snapshot(spark, warehouse, int(time.time() * 1000))  # fail early if dim_ads is missing
     create_tables(spark, warehouse)
     gen = current_generation(settings.checkpoints)
     ensure_topics(settings.bootstrap_servers, app_topics(settings))
-    publisher = TransactionalPublisher(
-        settings.bootstrap_servers,
-        output_topic=settings.output_topic,
-        control_topic=settings.control_topic,
-        transactional_id=settings.publisher_transactional_id,
-        app_id=gen.app_id,
-        generation=gen.number,
+    exactly_once = settings.delivery == "exactly-once"
+    publisher: Publisher = (
+        TransactionalPublisher(
+            settings.bootstrap_servers,
+            output_topic=settings.output_topic,
+            control_topic=settings.control_topic,
+            transactional_id=settings.publisher_transactional_id,
+            app_id=gen.app_id,
+            generation=gen.number,
+        )
+        if exactly_once
+        else PlainPublisher(settings.bootstrap_servers, output_topic=settings.output_topic)
     )
     sink = AttributionSink(
         spark,
@@ -117,10 +189,12 @@ def start(spark: SparkSession, settings: Settings, *, available_now: bool) -> St
             session_gap_seconds=settings.session_gap_seconds,
             publisher=publisher,
             crash_at=settings.crash_at,
+            exactly_once=exactly_once,
+            observer=observer,
         ),
     )
     writer = (
-        attribution_stream(read_events(spark, settings), settings)
+        attribution_stream(read_events(spark, settings, gen.starting_offsets), settings)
         .writeStream.queryName(QUERY_NAME)
         .foreachBatch(sink)
         .option("checkpointLocation", str(gen.checkpoint.resolve()))
@@ -137,9 +211,18 @@ def run(
     settings: Settings,
     *,
     available_now: bool,
+    before_start: Callable[[], None] | None = None,
 ) -> None:
     """Runs the job until the topic is drained (available-now) or until SIGTERM/SIGINT, which
-    stop it at a batch boundary. Raises JobFailedError if the query fails."""
+    stop it at a batch boundary. Raises JobFailedError if the query fails, JobRunningError if
+    another job holds the checkpoint."""
+    with exclusive(settings.checkpoints):
+        if before_start is not None:  # e.g. a replay's new generation, made under the lock
+            before_start()
+        _run(spark, settings, available_now=available_now)
+
+
+def _run(spark: SparkSession, settings: Settings, *, available_now: bool) -> None:
     query = start(spark, settings, available_now=available_now)
     stop_requested: list[int] = []
 

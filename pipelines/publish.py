@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -108,6 +108,53 @@ def last_committed_batch(bootstrap: str, control_topic: str, app_id: str, timeou
         return newest
     finally:
         consumer.close()
+
+
+class Publisher(Protocol):
+    @property
+    def transactional_id(self) -> str | None: ...
+
+    def publish(
+        self, batch_id: int, records: Callable[[], Iterable[Record]], *, crash_at: str = ""
+    ) -> str: ...
+
+
+class PlainPublisher:
+    """At-least-once output, for the benchmark's B2 only (``ADATTR_DELIVERY=at-least-once``):
+    the same records, no transaction, no marker, no idempotent producer, so a re-executed batch
+    publishes its rows again and a crash mid-batch leaves a partial batch visible."""
+
+    transactional_id: str | None = None
+
+    def __init__(self, bootstrap: str, *, output_topic: str, timeout: float = 60.0) -> None:
+        self.output_topic = output_topic
+        self.timeout = timeout
+        self.producer = Producer(producer_config(bootstrap, **{"enable.idempotence": False}))
+
+    def publish(
+        self, batch_id: int, records: Callable[[], Iterable[Record]], *, crash_at: str = ""
+    ) -> str:
+        failures: list[KafkaError] = []
+
+        def on_delivery(err: KafkaError | None, msg: Any) -> None:
+            if err is not None:
+                failures.append(err)
+
+        n = 0
+        for key, value in records():
+            while True:
+                try:
+                    self.producer.produce(
+                        self.output_topic, key=key, value=value, on_delivery=on_delivery
+                    )
+                    break
+                except BufferError:
+                    self.producer.poll(0.05)
+            n += 1
+        self.producer.flush(self.timeout)
+        if failures:
+            raise PublishError(f"publishing batch {batch_id} failed: {failures[0].str()}")
+        return f"sent:{n}"
 
 
 class TransactionalPublisher:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from app.crash import crash_point
+from app.crash import crash_point, crash_when_file_appears
 from pipelines import tables as t
 from pipelines.delta_writes import delta_txn
 from pipelines.dimension import dim_snapshot
@@ -45,7 +46,7 @@ from pipelines.gold import (
     user_sessions,
     window_metrics,
 )
-from pipelines.publish import TransactionalPublisher
+from pipelines.publish import Publisher
 from pipelines.transforms import ACCEPTED, LATE, classify, enrich
 from schemas import ad_event as c
 from schemas.ad_metrics import PUBLISHED
@@ -83,8 +84,12 @@ class SinkContext:
     generation: int
     lookback_seconds: int
     session_gap_seconds: int
-    publisher: TransactionalPublisher | None = None
+    publisher: Publisher | None = None
     crash_at: str = ""
+    # False only for the benchmark's at-least-once baseline: no Delta txn, plain appends.
+    exactly_once: bool = True
+    # Called after each batch with its id and step times (the benchmark's time split).
+    observer: Callable[[int, dict[str, float]], None] | None = None
 
 
 class StepTimer:
@@ -111,11 +116,12 @@ class AttributionSink:
         self.ctx = ctx
         self.timer = StepTimer()
         self.last_counts = ""
+        self.versions: dict[str, int] = {}
         self._replayed: dict[tuple[str, int], int] | None = None
 
-    def _prior_decisions(self) -> DataFrame | None:
-        """Decisions of earlier generations on offsets this generation reads again (a replay),
-        or None when no other generation read this topic (the normal case: no cost at all)."""
+    def _prior_decisions(self, batch_id: int) -> DataFrame | None:
+        """Decisions of earlier generations on offsets this batch reads again (a replay), or
+        None when no other generation read them (the normal case: no cost at all)."""
         if self._replayed is None:
             ledger = self._load(t.LEDGER).where(F.col("app_id") != self.ctx.app_id)
             self._replayed = {
@@ -125,7 +131,7 @@ class AttributionSink:
                 .agg(F.max("o.to_offset").alias("upto"))
                 .collect()
             }
-        if not self._replayed:
+        if not self._replayed or not _rereads(self.ctx.checkpoint, batch_id, self._replayed):
             return None
         seen = " OR ".join(
             f"(kafka_topic = '{topic}' AND kafka_partition = {p} AND kafka_offset <= {upto})"
@@ -138,12 +144,21 @@ class AttributionSink:
         late = self._load(t.LATE).where(seen).select(*keys, F.lit(LATE).alias("prior_outcome"))
         return accepted.unionByName(late)
 
+    def _stored_ids(self) -> DataFrame:
+        """Event ids silver already holds, with where they were read: a replay's fresh dedup
+        state does not remember events an earlier generation accepted, silver does."""
+        return self._load(t.SILVER).select(
+            "event_id",
+            F.struct("kafka_topic", "kafka_partition", "kafka_offset").alias("stored_at"),
+        )
+
     def path(self, name: str) -> str:
         return f"{self.ctx.warehouse}/{name}"
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started_ms = int(time.time() * 1000)
         self.timer = StepTimer()
+        self.versions = {}
         meta = read_batch_meta(self.ctx.checkpoint, batch_id)
         previous = read_batch_meta(self.ctx.checkpoint, batch_id - 1) if batch_id > 0 else None
         dim, dim_version = dim_snapshot(self.spark, self.ctx.warehouse, meta.timestamp_ms)
@@ -156,12 +171,27 @@ class AttributionSink:
         firsts = batch_df.where(F.col("_branch") == FIRST).select(
             "kafka_topic", "kafka_partition", "kafka_offset"
         )
-        prior = self._prior_decisions()
-        classified = classify(records, firsts, watermark_ms=meta.watermark_ms, prior=prior)
+        prior = self._prior_decisions(batch_id)
+        classified = classify(
+            records,
+            firsts,
+            watermark_ms=meta.watermark_ms,
+            prior=prior,
+            stored=self._stored_ids() if prior is not None else None,
+        )
         rows = enrich(classified, dim).withColumns(
             {"generation": F.lit(self.ctx.generation), "batch_id": F.lit(batch_id).cast("long")}
         )
         rows.persist(StorageLevel.MEMORY_AND_DISK)
+        # The first action below runs the stateful operator, whose tasks write this batch's
+        # state store version (batch id + 1) under the checkpoint.
+        version = batch_id + 1
+        disarm = crash_when_file_appears(
+            self.ctx.crash_at,
+            "during_state_store_upload",
+            self.ctx.checkpoint / "state",
+            lambda f: f.startswith((f"{version}.", f"{version}_", f".{version}.")),
+        )
         try:
             stats = (
                 rows.groupBy("outcome", "kafka_topic", "kafka_partition")
@@ -174,12 +204,15 @@ class AttributionSink:
                 )
                 .collect()
             )
+            disarm()
             self.timer.mark("read+state+classify")
             self._write(rows, stats, batch_id, meta, previous, dim_version, started_ms)
         finally:
             rows.unpersist()
             batch_df.unpersist()
         log.info("batch %d: %s | %s", batch_id, self.last_counts, self.timer.describe())
+        if self.ctx.observer is not None:
+            self.ctx.observer(batch_id, dict(self.timer.steps))
 
     def _write(
         self,
@@ -200,6 +233,7 @@ class AttributionSink:
         # Outcomes add up to what was read; the derived counts below are added after this.
         counts["read"] = sum(counts.values())
         by_coordinates = _coordinates_condition(ranges)
+        crash_point(self.ctx.crash_at, "before_delta_commit")
 
         # An empty source inserts nothing: skipping its MERGE is the same result, for free.
         if counts["read"]:
@@ -220,6 +254,7 @@ class AttributionSink:
             )
             self._insert_new(t.LATE, late.select(*t.columns(t.LATE)), by_coordinates, batch_id)
 
+        crash_point(self.ctx.crash_at, "between_delta_commits")
         accepted = [s for s in stats if s.outcome == ACCEPTED]
         span = None
         if accepted:
@@ -270,6 +305,7 @@ class AttributionSink:
                     dim_version,
                     offsets,
                     counts,
+                    self.versions,
                     self.ctx.publisher.transactional_id if self.ctx.publisher else None,
                     kafka_outcome,
                 )
@@ -277,7 +313,7 @@ class AttributionSink:
             "app_id string, generation int, batch_id long, dim_version long, "
             "offsets array<struct<kafka_topic:string,kafka_partition:int,from_offset:long,"
             "to_offset:long,records:long>>, counts map<string,long>, "
-            "kafka_transactional_id string, kafka_outcome string",
+            "delta_versions map<string,long>, kafka_transactional_id string, kafka_outcome string",
         ).withColumns({k: F.timestamp_millis(F.lit(v)) for k, v in millis.items()})
         self._insert_new(
             t.LEDGER,
@@ -285,6 +321,7 @@ class AttributionSink:
             "t.app_id = s.app_id AND t.batch_id = s.batch_id",
             batch_id,
         )
+        crash_point(self.ctx.crash_at, "after_ledger_before_commit_log")
 
     def _publish(self, batch_id: int, *, wrote_gold: bool) -> str:
         """Publishes every gold row this batch changed (found by its stamp, so a re-execution
@@ -340,6 +377,10 @@ class AttributionSink:
     def _insert_new(self, name: str, source: DataFrame, condition: str, batch_id: int) -> None:
         from delta.tables import DeltaTable
 
+        if not self.ctx.exactly_once:
+            source.write.format("delta").mode("append").save(self.path(name))
+            self._committed(name)
+            return
         with delta_txn(self.spark, self.ctx.app_id, batch_id):
             (
                 DeltaTable.forPath(self.spark, self.path(name))
@@ -348,6 +389,18 @@ class AttributionSink:
                 .whenNotMatchedInsertAll()
                 .execute()
             )
+        self._committed(name)
+
+    def _txn(self, batch_id: int) -> AbstractContextManager[None]:
+        """Delta's idempotent-write marker around one write (none in the at-least-once mode)."""
+        if not self.ctx.exactly_once:
+            return nullcontext()
+        return delta_txn(self.spark, self.ctx.app_id, batch_id)
+
+    def _committed(self, name: str) -> None:
+        """Notes the table's version after this batch's write (the version that holds it; the
+        same as before when Delta skipped an already committed batch) and the step's time."""
+        self.versions[name] = _table_version(self.spark, self.path(name))
         self.timer.mark(name)
 
     def _load(self, name: str) -> DataFrame:
@@ -444,7 +497,7 @@ class AttributionSink:
         source = self._provenance(
             source.withColumn("is_final", F.col("conversion_time") <= F.expr(watermark)), batch_id
         )
-        with delta_txn(self.spark, self.ctx.app_id, batch_id):
+        with self._txn(batch_id):
             (
                 DeltaTable.forPath(self.spark, self.path(t.ATTRIBUTIONS))
                 .alias("t")
@@ -459,7 +512,7 @@ class AttributionSink:
             )
         if affected is not None:
             affected.unpersist()
-        self.timer.mark(t.ATTRIBUTIONS)
+        self._committed(t.ATTRIBUTIONS)
         return span
 
     def _update_gold(self, batch_id: int, watermark_ms: int, span: tuple[int, int] | None) -> None:
@@ -488,7 +541,7 @@ class AttributionSink:
         source = self._provenance(
             source.withColumn("is_final", F.col("window_end") <= F.expr(watermark)), batch_id
         )
-        with delta_txn(self.spark, self.ctx.app_id, batch_id):
+        with self._txn(batch_id):
             (
                 DeltaTable.forPath(self.spark, self.path(t.GOLD_1M))
                 .alias("t")
@@ -515,7 +568,7 @@ class AttributionSink:
                 )
                 .execute()
             )
-        self.timer.mark(t.GOLD_1M)
+        self._committed(t.GOLD_1M)
 
     def _update_ctr(self, batch_id: int, watermark_ms: int, span: tuple[int, int] | None) -> None:
         """Recomputes the sliding hours that contain a minute of the span, from the 1-minute
@@ -545,7 +598,7 @@ class AttributionSink:
         source = self._provenance(
             source.withColumn("is_final", F.col("window_end") <= F.expr(watermark)), batch_id
         )
-        with delta_txn(self.spark, self.ctx.app_id, batch_id):
+        with self._txn(batch_id):
             (
                 DeltaTable.forPath(self.spark, self.path(t.CTR_1H))
                 .alias("t")
@@ -562,7 +615,7 @@ class AttributionSink:
                 )
                 .execute()
             )
-        self.timer.mark(t.CTR_1H)
+        self._committed(t.CTR_1H)
 
     def _close_sessions(
         self, batch_id: int, w_prev: int, w_cur: int, counts: dict[str, int]
@@ -619,7 +672,7 @@ class AttributionSink:
             f"t.session_end > timestamp_millis({w_prev}) "
             f"AND t.session_end <= timestamp_millis({w_cur})"
         )
-        with delta_txn(self.spark, self.ctx.app_id, batch_id):
+        with self._txn(batch_id):
             (
                 DeltaTable.forPath(self.spark, self.path(t.SESSIONS))
                 .alias("t")
@@ -631,7 +684,7 @@ class AttributionSink:
                 .execute()
             )
         closed.unpersist()
-        self.timer.mark(t.SESSIONS)
+        self._committed(t.SESSIONS)
 
 
 ISO = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"
@@ -662,6 +715,34 @@ def _cover(a: tuple[int, int] | None, b: tuple[int, int] | None) -> tuple[int, i
     if a is None or b is None:
         return a or b
     return (min(a[0], b[0]), max(a[1], b[1]))
+
+
+def _table_version(spark: SparkSession, path: str) -> int:
+    """The table's latest version, from the Delta log this process already holds in memory
+    (a few ms; ``DeltaTable.history(1)`` runs a Spark job, ~0.3 s per table per batch)."""
+    log = spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(  # type: ignore[union-attr]
+        spark._jsparkSession, path
+    )
+    return int(log.unsafeVolatileSnapshot().version())
+
+
+def source_offsets(checkpoint: Path, batch_id: int) -> dict[str, dict[str, int]]:
+    """The end offsets (exclusive) of a batch per topic and partition, from its offset log."""
+    lines = (checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
+    return json.loads(lines[2]) if len(lines) > 2 else {}
+
+
+def _rereads(checkpoint: Path, batch_id: int, upto: dict[tuple[str, int], int]) -> bool:
+    """Whether the batch can read an offset at or before ``upto`` (per topic, partition). Its
+    range starts where the previous batch ended (the generation's start for batch 0, which a
+    replay always rereads)."""
+    if batch_id == 0:
+        return True
+    start = source_offsets(checkpoint, batch_id - 1)
+    return any(
+        start.get(topic, {}).get(str(partition), 0) <= last
+        for (topic, partition), last in upto.items()
+    )
 
 
 def _coordinates_condition(ranges: dict[tuple[str, int], list[int]]) -> str:

@@ -87,7 +87,8 @@ TABLES = (
         "watermark timestamp, dim_version long, "
         "offsets array<struct<kafka_topic:string,kafka_partition:int,from_offset:long,"
         "to_offset:long,records:long>>, "
-        "counts map<string,long>, kafka_transactional_id string, kafka_outcome string, "
+        "counts map<string,long>, delta_versions map<string,long>, "
+        "kafka_transactional_id string, kafka_outcome string, "
         "started_at timestamp, finished_at timestamp",
     ),
 )

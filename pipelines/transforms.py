@@ -215,8 +215,9 @@ def classify(
     parsed: DataFrame,
     firsts: DataFrame,
     *,
-    watermark_ms: int,
+    watermark_ms: int | Column,
     prior: DataFrame | None = None,
+    stored: DataFrame | None = None,
 ) -> DataFrame:
     """Adds ``outcome``: the quarantine reason, ``late``, ``duplicate`` or ``accepted``.
 
@@ -229,21 +230,33 @@ def classify(
     generation already made for records this batch reads again (a replay): they stand, so a
     record is never late in one generation and accepted in another. A replay's watermark
     restarts from zero and its batches differ, so deciding afresh could disagree.
+
+    ``stored`` (``event_id``, ``stored_at`` coordinates) lists events already accepted: a
+    record of one of them read elsewhere is a duplicate even when the dedup state, which starts
+    empty in a replay's new checkpoint, has never seen it.
     """
     keys = ["kafka_topic", "kafka_partition", "kafka_offset"]
-    watermark = F.timestamp_millis(F.lit(watermark_ms))
+    # One watermark for a micro-batch; a column (each row's batch's) when reconciling.
+    watermark = F.timestamp_millis(
+        watermark_ms if isinstance(watermark_ms, Column) else F.lit(watermark_ms)
+    )
     marked = firsts.select(*keys, F.lit(True).alias("_first"))
     joined = parsed.join(marked, keys, "left")
     outcome = F.when(F.col("reject_reason").isNotNull(), F.col("reject_reason"))
     if prior is not None:
         joined = joined.join(prior.select(*keys, "prior_outcome"), keys, "left")
         outcome = outcome.when(F.col("prior_outcome").isNotNull(), F.col("prior_outcome"))
-    outcome = (
-        outcome.when(F.col("event_time") <= watermark, F.lit(LATE))
-        .when(F.col("_first").isNull(), F.lit(DUPLICATE))
-        .otherwise(F.lit(ACCEPTED))
-    )
-    return joined.withColumn("outcome", outcome).drop("_first", "prior_outcome")
+    outcome = outcome.when(F.col("event_time") <= watermark, F.lit(LATE))
+    if stored is not None:
+        here = F.struct(*keys)
+        joined = joined.join(
+            stored.select("event_id", "stored_at").dropDuplicates(["event_id"]), "event_id", "left"
+        )
+        outcome = outcome.when(
+            F.col("stored_at").isNotNull() & (F.col("stored_at") != here), F.lit(DUPLICATE)
+        )
+    outcome = outcome.when(F.col("_first").isNull(), F.lit(DUPLICATE)).otherwise(F.lit(ACCEPTED))
+    return joined.withColumn("outcome", outcome).drop("_first", "prior_outcome", "stored_at")
 
 
 def enrich(classified: DataFrame, dim_ads: DataFrame) -> DataFrame:

@@ -7,15 +7,18 @@ import json
 import shutil
 from collections import Counter
 from dataclasses import replace
+from itertools import pairwise
 
 import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from app.audit import audit
 from app.generator import GenConfig, plan_traffic, produce
 from app.kafka_io import app_topics, ensure_topics
 from app.quality import run_quality
+from app.reconcile import reconcile
 from app.settings import Settings
 from app.verify import diff, observed
 from pipelines import job
@@ -116,6 +119,15 @@ def test_golden_end_to_end_matches_truth_exactly(spark, settings: Settings, gold
     ledger = spark.read.format("delta").load(f"{_warehouse(settings)}/{t.LEDGER}").collect()
     assert len({r.batch_id for r in ledger}) == len(ledger) >= 6
     assert sum(r.counts["read"] for r in ledger) == seen["records"]
+    # Each row names the Delta version of every table its batch wrote, never going backwards.
+    by_batch = sorted(ledger, key=lambda r: r.batch_id)
+    assert all(t.BRONZE in r.delta_versions for r in by_batch if r.counts["read"])
+    written = {name for r in by_batch for name in r.delta_versions}
+    assert written == {t.BRONZE, t.QUARANTINE, t.LATE, t.SILVER, t.GOLD_1M, *GOLD}
+    for a, b in pairwise(by_batch):
+        assert all(
+            b.delta_versions[k] >= v for k, v in a.delta_versions.items() if k in b.delta_versions
+        )
     # The run covered every attribution case at scale, and sessions closed batch by batch.
     statuses = Counter(a["status"] for a in golden.truth["attributions"])
     assert statuses["attributed"] >= 5 and statuses["unattributed"] >= 5
@@ -128,16 +140,42 @@ def test_golden_end_to_end_matches_truth_exactly(spark, settings: Settings, gold
 def test_audit_passes_on_the_golden_run_and_catches_a_doubled_record(
     spark, settings: Settings, golden, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    gen = job.current_generation(settings.checkpoints)
-    checks = audit(spark, _warehouse(settings), gen.app_id, settings.bootstrap_servers)
+    checks = audit(spark, _warehouse(settings), settings.bootstrap_servers)
     assert [c.name for c in checks if not c.ok] == []
     assert len(checks) >= 10
     copy = tmp_path / "warehouse"
     shutil.copytree(settings.warehouse, copy)
     bronze = spark.read.format("delta").load(f"{copy}/{t.BRONZE}")
     bronze.limit(1).write.format("delta").mode("append").save(f"{copy}/{t.BRONZE}")
-    broken = [c.name for c in audit(spark, str(copy), gen.app_id, None) if not c.ok]
-    assert broken == ["bronze holds every record read"]
+    broken = [c.name for c in audit(spark, str(copy), None) if not c.ok]
+    assert broken == [
+        "ledger: bronze holds every record read",
+        "bronze: each record once, none that no batch read",
+    ]
+
+
+def test_reconcile_agrees_with_the_stream_and_names_a_lost_row(
+    spark, settings: Settings, golden, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Every table recomputed from bronze in one batch job equals what the stream wrote; a copy
+    missing one attribution and one silver event is caught in exactly those tables."""
+    tuning = {
+        "max_bytes": settings.max_record_bytes,
+        "lookback_seconds": settings.attribution_lookback_seconds,
+        "session_gap_seconds": settings.session_gap_seconds,
+    }
+    diffs = reconcile(spark, _warehouse(settings), **tuning)
+    assert [(d.table, d.missing, d.unexpected) for d in diffs if not d.ok] == []
+    assert {d.table for d in diffs} >= {t.SILVER, t.GOLD_1M, t.ATTRIBUTIONS, t.CTR_1H, t.SESSIONS}
+    assert all(d.rows > 0 for d in diffs)
+    copy = tmp_path / "warehouse"
+    shutil.copytree(settings.warehouse, copy)
+    for name, key in ((t.SILVER, "event_id"), (t.ATTRIBUTIONS, "conversion_id")):
+        victim = spark.read.format("delta").load(f"{copy}/{name}").orderBy(key).first()
+        DeltaTable.forPath(spark, f"{copy}/{name}").delete(F.col(key) == victim[key])
+    broken = {d.table: (d.missing, d.unexpected) for d in reconcile(spark, str(copy), **tuning)}
+    assert broken[t.ATTRIBUTIONS] == (1, 0)
+    assert broken[t.SILVER] == (1, 0)
 
 
 def test_quality_suites_pass_on_the_golden_tables(

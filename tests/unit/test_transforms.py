@@ -89,3 +89,26 @@ def test_prior_decisions_of_another_generation_stand(spark: SparkSession, dim: D
     )
     rows = classify(parsed, firsts, watermark_ms=WATERMARK_MS, prior=prior).orderBy("kafka_offset")
     assert [r.outcome for r in rows.collect()] == ["accepted", LATE, "accepted"]
+
+
+def test_an_event_silver_already_holds_is_a_duplicate_whatever_the_dedup_state(
+    spark: SparkSession,
+) -> None:
+    """A replay's dedup state starts empty: the copy it sees first of an event an earlier
+    generation accepted at another offset must still count as a duplicate, while the accepted
+    record itself, read again at its own offset, stays accepted."""
+    values = [
+        event("kept", event_time="2026-11-20T10:30:00.000Z"),  # silver holds it, at this offset
+        event("copy", event_time="2026-11-20T10:30:00.000Z"),  # silver holds it at offset 9
+        event("new", event_time="2026-11-20T10:30:00.000Z"),  # never seen
+    ]
+    parsed = kafka_rows(spark, values, partitions=1).transform(parse_events(max_bytes=4096))
+    firsts = parsed.select("kafka_topic", "kafka_partition", "kafka_offset")  # state: all first
+    stored = spark.createDataFrame(
+        [("kept", ("t", 0, 0)), ("copy", ("t", 0, 9))],
+        "event_id string, stored_at struct<kafka_topic:string,kafka_partition:int,"
+        "kafka_offset:long>",
+    )
+    rows = classify(parsed, firsts, watermark_ms=WATERMARK_MS, stored=stored)
+    outcomes = {r.event_id: r.outcome for r in rows.collect()}
+    assert outcomes == {"kept": "accepted", "copy": "duplicate", "new": "accepted"}

@@ -1,0 +1,453 @@
+"""``adattr drill crash|replay|broker``: prove exactly-once end to end on the local stack.
+
+Every drill works in a folder and on topics of its own (under ``<data_dir>/drills/<id>``, so it
+never touches your tables), generates traffic with a truth file, runs the real job as child
+processes (``adattr run``: a Python driver plus its Spark JVM, one process group), hurts it,
+and then checks the result three ways: every table against the truth file (``verify``), the
+ledger's invariants (``audit``) and every table recomputed from bronze (``reconcile``). It
+prints a report and exits non-zero on any discrepancy.
+
+The traffic is shaped so a few thousand records exercise everything within minutes of event
+time: a 3-minute watermark delay, a 2-minute attribution lookback, a 5-minute session gap and
+small batches (``ADATTR_MAX_OFFSETS_PER_TRIGGER``), like the golden integration test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.broker import BrokerError, LocalBroker, wait_until_ready
+from app.settings import Settings
+
+# The job's crash points, in the order a batch reaches them.
+JOB_POINTS = (
+    "during_state_store_upload",
+    "before_delta_commit",
+    "between_delta_commits",
+    "after_delta_before_kafka",
+    "in_kafka_transaction",
+    "after_kafka_before_ledger",
+    "after_ledger_before_commit_log",
+)
+SHAPE = {
+    "watermark_delay": "3 minutes",
+    "attribution_lookback": "2 minutes",
+    "session_gap": "5 minutes",
+}
+
+
+@dataclass
+class Report:
+    name: str
+    lines: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    def say(self, text: str) -> None:
+        self.lines.append(text)
+        print(f"[{time.monotonic() - self.started:6.1f}s] {text}", flush=True)
+
+    def fail(self, text: str) -> None:
+        self.failures.append(text)
+        self.say(f"DISCREPANCY: {text}")
+
+    def finish(self) -> int:
+        took = time.monotonic() - self.started
+        if self.failures:
+            print(f"drill {self.name}: FAILED after {took:.0f}s, {len(self.failures)} problem(s):")
+            for f in self.failures:
+                print(f"  - {f}")
+            return 1
+        print(f"drill {self.name}: PASSED in {took:.0f}s")
+        return 0
+
+
+class Stack:
+    """The drill's own settings, broker, traffic and job processes."""
+
+    def __init__(self, base: Settings, name: str, *, events: int, seed: int, batch: int) -> None:
+        self.id = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.dir = (base.data_dir / "drills" / self.id).resolve()
+        self.dir.mkdir(parents=True)
+        topic = f"adattr-drill-{self.id}"
+        self.overrides = {
+            "ADATTR_DATA_DIR": str(base.data_dir.resolve()),  # the broker's home is shared
+            "ADATTR_WAREHOUSE": str(self.dir / "warehouse"),
+            "ADATTR_CHECKPOINTS": str(self.dir / "checkpoints"),
+            "ADATTR_INPUT_TOPIC": f"{topic}-events",
+            "ADATTR_OUTPUT_TOPIC": f"{topic}-metrics",
+            "ADATTR_CONTROL_TOPIC": f"{topic}-control",
+            "ADATTR_CONSUMER_DB": f"sqlite:///{self.dir / 'budget.db'}",
+            "ADATTR_MAX_OFFSETS_PER_TRIGGER": str(batch),
+            "ADATTR_TRIGGER_INTERVAL": "1 second",
+            **{f"ADATTR_{k.upper()}": v for k, v in SHAPE.items()},
+        }
+        self.env = {**os.environ, **self.overrides}
+        self.env.pop("ADATTR_CRASH_AT", None)
+        self.settings = Settings.from_env(self.env)
+        self.events, self.seed = events, seed
+        self.broker: LocalBroker | None = None
+        self.started_broker = False
+        self._spark: Any = None
+        self.runs = 0
+
+    # -- infrastructure ------------------------------------------------------------------------
+    def up(self) -> None:
+        from app.cli import local_broker
+        from app.kafka_io import app_topics, ensure_topics
+
+        broker = local_broker(self.settings)
+        if broker.status().running:
+            wait_until_ready(broker.bootstrap, 60)
+        else:
+            broker.start()
+            self.started_broker = True
+        self.broker = broker
+        ensure_topics(self.settings.bootstrap_servers, app_topics(self.settings))
+
+    def down(self) -> None:
+        if self.started_broker and self.broker is not None:
+            self.broker.stop()
+
+    def spark(self) -> Any:
+        if self._spark is None:
+            from app.spark import build_spark
+
+            self._spark = build_spark(self.settings, "adattr-drill")
+        return self._spark
+
+    # -- traffic -------------------------------------------------------------------------------
+    def plan(self) -> Any:
+        from app.generator import GenConfig, plan_traffic
+
+        cfg = GenConfig.for_settings(
+            self.settings, events=self.events, seed=self.seed, users=300, ads=20
+        )
+        traffic = plan_traffic(cfg)
+        (self.dir / "truth.json").write_text(json.dumps(traffic.truth, indent=1))
+        return traffic
+
+    def load_dim(self, traffic: Any) -> None:
+        from pipelines.dimension import upsert_dim_ads
+
+        upsert_dim_ads(self.spark(), str(self.settings.warehouse), traffic.dim_rows)
+
+    def produce(self, records: list[tuple[bytes, bytes]]) -> None:
+        from app.generator import produce
+
+        produce(records, self.settings.bootstrap_servers, self.settings.input_topic, progress=False)
+
+    # -- the job -------------------------------------------------------------------------------
+    def start_job(self, *args: str, crash_at: str = "") -> subprocess.Popen[bytes]:
+        self.runs += 1
+        env = {**self.env, **({"ADATTR_CRASH_AT": crash_at} if crash_at else {})}
+        log = (self.dir / f"run-{self.runs:03d}.log").open("wb")
+        with log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "app.cli", *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: the driver and its JVM
+            )
+
+    def log_of(self, run: int) -> str:
+        return (self.dir / f"run-{run:03d}.log").read_text(errors="replace")
+
+    def run(self, *args: str, crash_at: str = "", timeout: float = 900) -> int:
+        proc = self.start_job(*args, crash_at=crash_at)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            raise
+
+    def drain(self, report: Report) -> None:
+        """Runs the job until the topic is drained; a failure is a discrepancy."""
+        rc = self.run("run", "--available-now")
+        if rc != 0:
+            report.fail(f"`adattr run --available-now` exited {rc}: {self.last_error()}")
+
+    def last_error(self) -> str:
+        lines = [ln for ln in self.log_of(self.runs).splitlines() if "adattr" in ln.lower()]
+        return lines[-1] if lines else "(see the run log)"
+
+    def progress(self) -> tuple[int, int]:
+        """(batches planned, batches committed) in the current generation's checkpoint, read
+        without creating anything (the job may not have made its first generation yet)."""
+        root = self.settings.checkpoints / "attribution"
+        marker = root / "generation.json"
+        if not marker.exists():
+            return 0, 0
+        checkpoint = root / f"gen-{json.loads(marker.read_text())['number']:04d}"
+
+        def count(folder: str) -> int:
+            path = checkpoint / folder
+            return sum(1 for p in path.iterdir() if p.name.isdigit()) if path.exists() else 0
+
+        return count("offsets"), count("commits")
+
+    # -- the checks ----------------------------------------------------------------------------
+    def check(self, report: Report, *, truth: bool = True) -> None:
+        from app.audit import audit
+        from app.reconcile import reconcile
+        from app.verify import diff, observed
+        from pipelines.job import current_generation
+
+        spark = self.spark()
+        warehouse = str(self.settings.warehouse)
+        if truth:
+            expected = json.loads((self.dir / "truth.json").read_text())
+            gen = current_generation(self.settings.checkpoints)
+            problems = diff(expected, observed(spark, warehouse, gen.app_id))
+            for p in problems[:10]:
+                report.fail(f"verify: {p}")
+            if not problems:
+                report.say(
+                    f"verify: OK, every table equals the truth ({expected['records']:,} records, "
+                    f"{len(expected['windows']):,} windows, {len(expected['attributions']):,} "
+                    f"conversions, {len(expected['sessions']):,} closed sessions)"
+                )
+        checks = audit(spark, warehouse, self.settings.bootstrap_servers)
+        for c in checks:
+            if not c.ok:
+                report.fail(f"audit: {c.name}: {c.detail}")
+        if all(c.ok for c in checks):
+            report.say(f"audit: OK, {len(checks)} checks")
+        diffs = reconcile(
+            spark,
+            warehouse,
+            max_bytes=self.settings.max_record_bytes,
+            lookback_seconds=self.settings.attribution_lookback_seconds,
+            session_gap_seconds=self.settings.session_gap_seconds,
+        )
+        for d in diffs:
+            if not d.ok:
+                report.fail(f"reconcile: {d.table}: {d.missing} missing, {d.unexpected} unexpected")
+        if all(d.ok for d in diffs):
+            report.say(
+                f"reconcile: OK, {len(diffs)} tables recomputed from bronze equal the stream's"
+            )
+
+    def fingerprint(self) -> dict[str, tuple[int, int]]:
+        """Row count and an order-independent hash of every table, without provenance (which
+        generation and batch last wrote a row) and without the ledger (which grows)."""
+        from pyspark.sql import functions as F
+
+        from pipelines import tables as t
+
+        names = (t.BRONZE, t.QUARANTINE, t.LATE, t.SILVER, t.GOLD_1M, t.ATTRIBUTIONS, t.CTR_1H)
+        return {name: self._hash(name, F) for name in (*names, t.SESSIONS)}
+
+    def _hash(self, name: str, F: Any) -> tuple[int, int]:
+        df = self.spark().read.format("delta").load(f"{self.settings.warehouse}/{name}")
+        cols = [c for c in df.columns if c not in ("generation", "batch_id")]
+        row = df.select(F.xxhash64(*cols).alias("h")).agg(
+            F.count("*").alias("n"), F.sum(F.col("h").cast("decimal(38,0)")).alias("s")
+        )
+        first = row.first()
+        return (int(first.n), int(first.s or 0))
+
+
+def kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group: the Python driver and the Spark JVM it launched."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+@contextmanager
+def stack(base: Settings, name: str, **kw: Any) -> Iterator[Stack]:
+    s = Stack(base, name, **kw)
+    print(f"drill {name}: folder {s.dir}, topic {s.settings.input_topic}", flush=True)
+    s.up()
+    try:
+        yield s
+    finally:
+        s.down()
+
+
+def _chunks(records: list[Any], n: int) -> list[list[Any]]:
+    size = -(-len(records) // n)
+    return [records[i : i + size] for i in range(0, len(records), size)] or [[]]
+
+
+# -- the drills ----------------------------------------------------------------------------------
+
+
+def drill_crash(
+    base: Settings, *, kills: int, seed: int, events: int, points: tuple[str, ...]
+) -> int:
+    report = Report("crash")
+    rng = random.Random(seed)
+    with stack(base, "crash", events=events, seed=seed, batch=max(100, events // 12)) as s:
+        traffic = s.plan()
+        s.load_dim(traffic)
+        chunks = _chunks(traffic.main, len(points) + kills + 1)
+        report.say(
+            f"traffic: {len(traffic.main):,} records in {len(chunks)} chunks, then "
+            f"{len(traffic.tail)} late; named crash points {len(points)}, random kills {kills}"
+        )
+        for i, point in enumerate(points):
+            s.produce(chunks[i])
+            nth = rng.randint(1, 2)
+            rc = s.run("run", "--available-now", crash_at=f"{point}:{nth}")
+            log = s.log_of(s.runs)
+            if rc == -signal.SIGKILL and f"crash point {point}" in log:
+                planned, committed = s.progress()
+                report.say(
+                    f"crash point {point} (#{nth}): killed; checkpoint: {planned} batches "
+                    f"planned, {committed} committed"
+                )
+            else:
+                report.fail(f"crash point {point} (#{nth}) was not reached (exit {rc})")
+        for k in range(kills):
+            s.produce(chunks[len(points) + k])
+            proc = s.start_job("run")
+            at = rng.uniform(2.0, 30.0)
+            time.sleep(at)  # the drill's random moment: when the kill lands is the point
+            before = s.progress()
+            if proc.poll() is not None:
+                report.fail(f"kill {k + 1}: the job had already exited ({proc.returncode})")
+                continue
+            kill_tree(proc)
+            planned, committed = before
+            state = (
+                "during start-up (no batch planned yet)"
+                if planned == 0
+                else f"batch {planned - 1} in flight"
+                if planned > committed
+                else f"between batches ({committed} committed)"
+            )
+            report.say(f"kill {k + 1}/{kills} at {at:.1f}s: SIGKILL to the process tree, {state}")
+        s.produce(chunks[-1] if len(chunks) > len(points) + kills else [])
+        s.drain(report)
+        s.produce(traffic.tail)
+        s.drain(report)
+        report.say(f"finished: {s.runs} job runs in all")
+        s.check(report)
+    return report.finish()
+
+
+def drill_replay(base: Settings, *, seed: int, events: int, full: bool) -> int:
+    from app.replay import describe_topic
+
+    report = Report("replay")
+    with stack(base, "replay", events=events, seed=seed, batch=max(100, events // 6)) as s:
+        traffic = s.plan()
+        s.load_dim(traffic)
+        half = len(traffic.main) // 2
+        s.produce(traffic.main[:half])
+        middle = time.time()
+        s.produce(traffic.main[half:])
+        s.drain(report)
+        s.produce(traffic.tail)
+        s.drain(report)
+        s.check(report)
+        before = s.fingerprint()
+        parts = describe_topic(s.settings.bootstrap_servers, s.settings.input_topic)
+        topic = s.settings.input_topic
+        mid = {p: (info.low + info.high) // 2 for p, info in parts.items()}
+        first = min(parts)
+        replays = [["--from-offsets", json.dumps({topic: {str(first): mid[first]}})]]
+        if full:
+            last = max(parts)
+            replays += [
+                ["--from-offsets", json.dumps({topic: {str(first): 0, str(last): mid[last] // 2}})],
+                ["--from-timestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(middle))],
+                ["--from-earliest"],
+            ]
+        for args in replays:
+            started = time.monotonic()
+            rc = s.run("replay", *args)
+            if rc != 0:
+                report.fail(f"`adattr replay {' '.join(args)}` exited {rc}: {s.last_error()}")
+                continue
+            after = s.fingerprint()
+            changed = [name for name in before if after[name] != before[name]]
+            if changed:
+                report.fail(f"replay {' '.join(args)} changed {', '.join(changed)}")
+            else:
+                report.say(
+                    f"replay {' '.join(args)}: {time.monotonic() - started:.0f}s, "
+                    f"every table unchanged ({len(before)} tables hashed)"
+                )
+        s.check(report)
+    return report.finish()
+
+
+def drill_broker(base: Settings, *, seed: int, events: int, down_seconds: float) -> int:
+    report = Report("broker")
+    with stack(base, "broker", events=events, seed=seed, batch=max(100, events // 12)) as s:
+        if not s.started_broker:
+            report.fail(
+                "the broker drill stops and restarts the broker, so it must start its own: "
+                "run it with no local broker running (`adattr down`)"
+            )
+            return report.finish()
+        assert s.broker is not None
+        traffic = s.plan()
+        s.load_dim(traffic)
+        half = len(traffic.main) // 2
+        s.produce(traffic.main[:half])
+        proc = s.start_job("run")
+        wait_for(lambda: s.progress()[1] >= 2, 300, "2 batches")
+        planned, committed = s.progress()
+        pid = s.broker.status().pid
+        assert pid is not None
+        os.killpg(pid, signal.SIGKILL)
+        s.broker.stop()
+        report.say(
+            f"broker SIGKILLed with the job running ({committed} batches committed, "
+            f"{planned - committed} in flight); down for {down_seconds:.0f}s"
+        )
+        time.sleep(down_seconds)  # the outage itself: how long the broker stays down
+        try:
+            s.broker.start()
+        except BrokerError as exc:
+            report.fail(f"the broker did not come back: {exc}")
+            return report.finish()
+        report.say("broker restarted")
+        s.produce(traffic.main[half:])
+        if proc.poll() is None:
+            done = committed
+            try:
+                wait_for(lambda: s.progress()[1] > done + 1, 300, "a batch after the outage")
+                report.say(f"the job rode it out: {s.progress()[1]} batches committed, still up")
+            except TimeoutError as exc:
+                report.fail(f"the job neither failed nor made progress: {exc}")
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(300)
+        else:
+            report.say(f"the job stopped ({proc.returncode}): {s.last_error()}; restarting")
+        s.drain(report)
+        s.produce(traffic.tail)
+        s.drain(report)
+        s.check(report)
+    return report.finish()
+
+
+def describe_points() -> str:
+    return ", ".join(JOB_POINTS)
