@@ -228,15 +228,13 @@ def cmd_summary(args: argparse.Namespace, settings: Settings, spark: object = No
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     from app.spark import build_spark
     from app.verify import diff, observed
-    from pipelines.job import current_generation
 
     try:
         truth = json.loads(Path(args.truth).read_text())
     except (OSError, ValueError) as exc:
         raise UserInputError(f"cannot read truth file {args.truth}: {exc}") from None
     spark = build_spark(settings, "adattr-verify")
-    gen = current_generation(settings.checkpoints)
-    problems = diff(truth, observed(spark, str(settings.warehouse.resolve()), gen.app_id))
+    problems = diff(truth, observed(spark, str(settings.warehouse.resolve())))
     if problems:
         print(f"verify: {len(problems)} difference(s) from {args.truth}:")
         for line in problems[:50]:
@@ -317,6 +315,12 @@ def cmd_drill(args: argparse.Namespace, settings: Settings) -> int:
     return drills.drill_broker(
         settings, seed=args.seed, events=args.events, down_seconds=args.down_seconds
     )
+
+
+def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    from app.bench import bench
+
+    return bench(settings, quick=args.quick, events=args.events, repeats=args.repeats)
 
 
 def cmd_quality(args: argparse.Namespace, settings: Settings) -> int:
@@ -505,6 +509,14 @@ def build_parser() -> argparse.ArgumentParser:
     broker_drill.add_argument("--events", type=int, default=3000)
     broker_drill.add_argument("--down-seconds", type=float, default=15.0)
     broker_drill.set_defaults(handler=cmd_drill)
+    bench_cmd = add(
+        "bench",
+        cmd_bench,
+        "throughput (B0 read, B2 at-least-once, B3 exactly-once), latency, memory; JSON + PNG",
+    )
+    bench_cmd.add_argument("--quick", action="store_true", help="6,000 events, 1 repeat (CI)")
+    bench_cmd.add_argument("--events", type=int, help="records preloaded (default 300,000)")
+    bench_cmd.add_argument("--repeats", type=int, help="runs of each variant (default 3)")
     add(
         "quality",
         cmd_quality,

@@ -76,9 +76,18 @@ class Report:
 class Stack:
     """The drill's own settings, broker, traffic and job processes."""
 
-    def __init__(self, base: Settings, name: str, *, events: int, seed: int, batch: int) -> None:
+    def __init__(
+        self,
+        base: Settings,
+        name: str,
+        *,
+        events: int,
+        seed: int,
+        batch: int,
+        root: str = "drills",
+    ) -> None:
         self.id = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        self.dir = (base.data_dir / "drills" / self.id).resolve()
+        self.dir = (base.data_dir / root / self.id).resolve()
         self.dir.mkdir(parents=True)
         topic = f"adattr-drill-{self.id}"
         self.overrides = {
@@ -104,12 +113,13 @@ class Stack:
 
     # -- infrastructure ------------------------------------------------------------------------
     def up(self) -> None:
+        from app.broker import port_is_free
         from app.cli import local_broker
         from app.kafka_io import app_topics, ensure_topics
 
         broker = local_broker(self.settings)
-        if broker.status().running:
-            wait_until_ready(broker.bootstrap, 60)
+        if broker.status().running or not port_is_free(broker.host, broker.port):
+            wait_until_ready(broker.bootstrap, 60)  # ours, or one someone else runs there
         else:
             broker.start()
             self.started_broker = True
@@ -131,8 +141,11 @@ class Stack:
     def plan(self) -> Any:
         from app.generator import GenConfig, plan_traffic
 
+        # At least 12 minutes of event time, so that sessions (5-minute gap) close before the
+        # final watermark (3 minutes behind) whatever the number of events.
+        step_ms = max(200, 720_000 // self.events)
         cfg = GenConfig.for_settings(
-            self.settings, events=self.events, seed=self.seed, users=300, ads=20
+            self.settings, events=self.events, seed=self.seed, users=300, ads=20, step_ms=step_ms
         )
         traffic = plan_traffic(cfg)
         (self.dir / "truth.json").write_text(json.dumps(traffic.truth, indent=1))
@@ -204,14 +217,12 @@ class Stack:
         from app.audit import audit
         from app.reconcile import reconcile
         from app.verify import diff, observed
-        from pipelines.job import current_generation
 
         spark = self.spark()
         warehouse = str(self.settings.warehouse)
         if truth:
             expected = json.loads((self.dir / "truth.json").read_text())
-            gen = current_generation(self.settings.checkpoints)
-            problems = diff(expected, observed(spark, warehouse, gen.app_id))
+            problems = diff(expected, observed(spark, warehouse))
             for p in problems[:10]:
                 report.fail(f"verify: {p}")
             if not problems:
@@ -289,7 +300,7 @@ def stack(base: Settings, name: str, **kw: Any) -> Iterator[Stack]:
         s.down()
 
 
-def _chunks(records: list[Any], n: int) -> list[list[Any]]:
+def chunks_of(records: list[Any], n: int) -> list[list[Any]]:
     size = -(-len(records) // n)
     return [records[i : i + size] for i in range(0, len(records), size)] or [[]]
 
@@ -302,10 +313,10 @@ def drill_crash(
 ) -> int:
     report = Report("crash")
     rng = random.Random(seed)
-    with stack(base, "crash", events=events, seed=seed, batch=max(100, events // 12)) as s:
+    with stack(base, "crash", events=events, seed=seed, batch=max(200, events // 6)) as s:
         traffic = s.plan()
         s.load_dim(traffic)
-        chunks = _chunks(traffic.main, len(points) + kills + 1)
+        chunks = chunks_of(traffic.main, len(points) + kills + 1)
         report.say(
             f"traffic: {len(traffic.main):,} records in {len(chunks)} chunks, then "
             f"{len(traffic.tail)} late; named crash points {len(points)}, random kills {kills}"
@@ -325,23 +336,25 @@ def drill_crash(
                 report.fail(f"crash point {point} (#{nth}) was not reached (exit {rc})")
         for k in range(kills):
             s.produce(chunks[len(points) + k])
+            start = s.progress()
             proc = s.start_job("run")
             at = rng.uniform(2.0, 30.0)
             time.sleep(at)  # the drill's random moment: when the kill lands is the point
-            before = s.progress()
+            planned, committed = s.progress()
             if proc.poll() is not None:
                 report.fail(f"kill {k + 1}: the job had already exited ({proc.returncode})")
                 continue
             kill_tree(proc)
-            planned, committed = before
-            state = (
-                "during start-up (no batch planned yet)"
-                if planned == 0
-                else f"batch {planned - 1} in flight"
-                if planned > committed
-                else f"between batches ({committed} committed)"
+            if planned > start[0]:
+                state = f"this run planned up to batch {planned - 1}, committed {committed}"
+                state += f"; batch {planned - 1} in flight" if planned > committed else ""
+            elif planned > committed:
+                state = f"before this run finished re-executing batch {planned - 1}"
+            else:
+                state = "before this run planned a batch (start-up)"
+            report.say(
+                f"kill {k + 1}/{kills} {at:.1f}s after start: SIGKILL to the process tree, {state}"
             )
-            report.say(f"kill {k + 1}/{kills} at {at:.1f}s: SIGKILL to the process tree, {state}")
         s.produce(chunks[-1] if len(chunks) > len(points) + kills else [])
         s.drain(report)
         s.produce(traffic.tail)
@@ -355,7 +368,8 @@ def drill_replay(base: Settings, *, seed: int, events: int, full: bool) -> int:
     from app.replay import describe_topic
 
     report = Report("replay")
-    with stack(base, "replay", events=events, seed=seed, batch=max(100, events // 6)) as s:
+    # Few, large batches: the replay is the drill, not the first run.
+    with stack(base, "replay", events=events, seed=seed, batch=max(200, events // 2)) as s:
         traffic = s.plan()
         s.load_dim(traffic)
         half = len(traffic.main) // 2
@@ -365,7 +379,9 @@ def drill_replay(base: Settings, *, seed: int, events: int, full: bool) -> int:
         s.drain(report)
         s.produce(traffic.tail)
         s.drain(report)
-        s.check(report)
+        report.say(f"complete run: {s.progress()[1]} batches; hashing every table")
+        if full:
+            s.check(report)  # (the short drill checks once, at the end: same tables)
         before = s.fingerprint()
         parts = describe_topic(s.settings.bootstrap_servers, s.settings.input_topic)
         topic = s.settings.input_topic
@@ -400,7 +416,7 @@ def drill_replay(base: Settings, *, seed: int, events: int, full: bool) -> int:
 
 def drill_broker(base: Settings, *, seed: int, events: int, down_seconds: float) -> int:
     report = Report("broker")
-    with stack(base, "broker", events=events, seed=seed, batch=max(100, events // 12)) as s:
+    with stack(base, "broker", events=events, seed=seed, batch=max(200, events // 6)) as s:
         if not s.started_broker:
             report.fail(
                 "the broker drill stops and restarts the broker, so it must start its own: "

@@ -158,7 +158,7 @@ def start(
     settings: Settings,
     *,
     available_now: bool,
-    observer: Callable[[int, dict[str, float]], None] | None = None,
+    observer: Callable[[int, int, dict[str, float]], None] | None = None,
 ) -> StreamingQuery:
     warehouse = str(settings.warehouse.resolve())
     dim_snapshot(spark, warehouse, int(time.time() * 1000))  # fail early if dim_ads is missing

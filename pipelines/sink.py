@@ -88,8 +88,8 @@ class SinkContext:
     crash_at: str = ""
     # False only for the benchmark's at-least-once baseline: no Delta txn, plain appends.
     exactly_once: bool = True
-    # Called after each batch with its id and step times (the benchmark's time split).
-    observer: Callable[[int, dict[str, float]], None] | None = None
+    # Called after each batch with its id, records read and step times (for the benchmark).
+    observer: Callable[[int, int, dict[str, float]], None] | None = None
 
 
 class StepTimer:
@@ -212,7 +212,7 @@ class AttributionSink:
             batch_df.unpersist()
         log.info("batch %d: %s | %s", batch_id, self.last_counts, self.timer.describe())
         if self.ctx.observer is not None:
-            self.ctx.observer(batch_id, dict(self.timer.steps))
+            self.ctx.observer(batch_id, sum(st.n for st in stats), dict(self.timer.steps))
 
     def _write(
         self,
@@ -378,7 +378,9 @@ class AttributionSink:
         from delta.tables import DeltaTable
 
         if not self.ctx.exactly_once:
-            source.write.format("delta").mode("append").save(self.path(name))
+            # An append does not cast to the table's types as a MERGE does.
+            typed = source.select(*[F.col(f.name).cast(f.dataType) for f in t.schema(name).fields])
+            typed.write.format("delta").mode("append").save(self.path(name))
             self._committed(name)
             return
         with delta_txn(self.spark, self.ctx.app_id, batch_id):

@@ -105,8 +105,7 @@ def golden(spark: SparkSession, settings: Settings):  # type: ignore[no-untyped-
 
 
 def test_golden_end_to_end_matches_truth_exactly(spark, settings: Settings, golden) -> None:  # type: ignore[no-untyped-def]
-    gen = job.current_generation(settings.checkpoints)
-    seen = observed(spark, _warehouse(settings), gen.app_id)
+    seen = observed(spark, _warehouse(settings))
     assert diff(golden.truth, seen) == []
     # Every kind of bad input happened and was quarantined with its reason and raw bytes.
     assert set(seen["quarantine"]) == set(c.REASONS)
@@ -264,7 +263,7 @@ def test_writes_are_idempotent_even_without_delta_txn(spark, settings: Settings,
         assert after[name] == before[name], name
     for name in (t.GOLD_1M, *GOLD):
         assert after[name][0] == before[name][0], name  # provenance columns differ
-    seen = observed(spark, _warehouse(settings), gen.app_id)
+    seen = observed(spark, _warehouse(settings))
     assert diff(golden.truth, seen) == []
     rerun = spark.read.format("delta").load(f"{_warehouse(settings)}/{t.LEDGER}")
     rerun_batches = {r.batch_id for r in rerun.where("app_id = 'adattr-other-app-id'").collect()}

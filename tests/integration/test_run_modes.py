@@ -61,8 +61,7 @@ def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Sett
             proc.kill()
     assert proc.returncode == 0, out[-3000:]
     assert "run: stopped" in out
-    gen = job.current_generation(settings.checkpoints)
-    assert diff(traffic.truth, observed(spark, str(settings.warehouse.resolve()), gen.app_id)) == []
+    assert diff(traffic.truth, observed(spark, str(settings.warehouse.resolve()))) == []
     ledger = spark.read.format("delta").load(f"{settings.warehouse.resolve()}/{t.LEDGER}")
     assert ledger.count() >= 3  # the cap really split the topic into batches
 

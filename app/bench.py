@@ -1,0 +1,500 @@
+"""``adattr bench``: throughput, latency and the cost of exactly-once, side by side in one run.
+
+Workload (after the Yahoo Streaming Benchmark, on adattr's own contract): JSON ad events of
+~250 bytes, 100 campaigns x 10 ads, 2% duplicates, 0.1% late, preloaded into a topic of its
+own. Variants, each a fresh process (``python -m app.bench worker``) reading that same topic
+into fresh tables, run alternately (B0s B0k B2 B3, then the reverse, ...) so drift hits all:
+
+- ``B0s`` the Spark Kafka source (read_committed) into Spark's ``noop`` sink: the read ceiling;
+- ``B0k`` a plain confluent-kafka consumer loop (read_committed) counting records;
+- ``B2`` the full pipeline, at-least-once: the same transforms and state, plain Delta appends
+  instead of keyed MERGEs, no Delta txn ids, a plain Kafka producer (``ADATTR_DELIVERY``);
+- ``B3`` the full exactly-once pipeline as shipped.
+
+Sustained rate excludes warm-up: micro-batches are capped (``maxOffsetsPerTrigger`` = 1/8 of
+the topic), the first data batch is dropped, and the rate is records / wall time of the rest
+(Spark's own per-batch ``triggerExecution``). Latency: the job runs with a 1 s trigger on an
+empty topic while a paced producer sends at ~50% of B3's median rate; a read_committed
+consumer notes when each batch's commit marker becomes visible; per record, latency = that
+moment - the record's Kafka timestamp (its send time), first 10 s excluded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+VARIANTS = ("B0s", "B0k", "B2", "B3")
+LABELS = {
+    "B0s": "B0 Spark Kafka source, no-op sink",
+    "B0k": "B0 confluent-kafka consumer loop",
+    "B2": "B2 full pipeline, at-least-once",
+    "B3": "B3 full pipeline, exactly-once (shipped)",
+}
+
+
+# -- the worker: one measured run in its own process ----------------------------------------------
+
+
+def _peak_jvm(spark: Any) -> dict[str, float]:
+    """Peak resident memory of the driver JVM (the whole local-mode Spark) and its peak heap."""
+    jvm = spark._jvm
+    pid = int(jvm.java.lang.ProcessHandle.current().pid())
+    hwm_kb = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            hwm_kb = int(line.split()[1])
+    pools = jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans()
+    heap = sum(
+        p.getPeakUsage().getUsed() for p in pools if str(p.getType().toString()) == "Heap memory"
+    )
+    return {"peak_rss_mb": hwm_kb / 1024, "peak_heap_mb": heap / 2**20}
+
+
+def _sustained(
+    progress: list[dict[str, Any]], records: dict[int, int] | None = None
+) -> dict[str, Any]:
+    """Records / wall time over the data batches but the first. ``records`` (batch id -> records
+    read, from the sink) replaces Spark's ``numInputRows``, which counts the pipeline's two
+    branches over the one Kafka source twice."""
+
+    def read(p: dict[str, Any]) -> int:
+        return records.get(int(p["batchId"]), 0) if records is not None else int(p["numInputRows"])
+
+    batches = [
+        (read(p), int(p["durationMs"].get("triggerExecution", 0))) for p in progress if read(p) > 0
+    ]
+    measured = batches[1:] if len(batches) > 1 else batches  # the first is warm-up
+    rows = sum(n for n, _ in measured)
+    seconds = sum(ms for _, ms in measured) / 1000
+    return {
+        "batches": len(batches),
+        "records_measured": rows,
+        "seconds_measured": seconds,
+        "events_per_s": rows / seconds if seconds else 0.0,
+        "records_total": sum(n for n, _ in batches),
+    }
+
+
+def _consumer_loop(settings: Any) -> dict[str, Any]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from app.kafka_io import consumer_config
+    from app.replay import describe_topic
+
+    parts = describe_topic(settings.bootstrap_servers, settings.input_topic)
+    consumer = Consumer(
+        consumer_config(
+            settings.bootstrap_servers,
+            "adattr-bench",
+            committed_only=True,
+            **{"enable.partition.eof": True, "fetch.max.bytes": 52_428_800},
+        )
+    )
+    consumer.assign(
+        [TopicPartition(settings.input_topic, p, info.low) for p, info in parts.items()]
+    )
+    seen, ended = 0, 0
+    # Timed from the first record on (connecting and the first fetch are the warm-up): the
+    # client prefetches, so a later start would time its local queue, not the broker.
+    warm = 1
+    started = time.monotonic()
+    t_warm, n_warm = started, 0
+    while ended < len(parts):
+        for msg in consumer.consume(10_000, timeout=5):
+            if msg.error() is not None:
+                ended += 1  # partition EOF
+                continue
+            seen += 1
+            if seen == warm:
+                t_warm, n_warm = time.monotonic(), seen
+    took = time.monotonic() - t_warm
+    consumer.close()
+    return {
+        "records_total": seen,
+        "records_measured": seen - n_warm,
+        "seconds_measured": took,
+        "events_per_s": (seen - n_warm) / took if took else 0.0,
+        "batches": 0,
+    }
+
+
+def worker(variant: str, out: Path, dim: Path | None) -> None:
+    """Runs one variant against the topic named by the ADATTR_* environment; writes JSON."""
+    from app.settings import Settings
+
+    settings = Settings.from_env(os.environ)
+    started = time.monotonic()
+    if variant == "B0k":
+        result = _consumer_loop(settings)
+        out.write_text(json.dumps({"variant": variant, **result}))
+        return
+    from app.spark import build_spark
+    from pipelines import job
+
+    spark = build_spark(settings, f"adattr-bench-{variant}")
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
+    steps: list[dict[str, float]] = []
+    read: dict[int, int] = {}
+
+    def observe(batch_id: int, records: int, timings: dict[str, float]) -> None:
+        steps.append(timings)
+        read[batch_id] = records
+
+    if dim is not None and variant in ("B2", "B3"):
+        from app.dim_csv import read_dim_csv
+        from pipelines.dimension import upsert_dim_ads
+
+        upsert_dim_ads(spark, str(settings.warehouse.resolve()), read_dim_csv(dim))
+    if variant == "B0s":
+        query = (
+            job.read_events(spark, settings)
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(settings.checkpoints / "b0"))
+            .trigger(availableNow=True)
+            .start()
+        )
+    else:
+        query = job.start(spark, settings, available_now=True, observer=observe)
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise SystemExit(f"{variant}: the query failed: {query.exception()}")
+    result = {
+        "variant": variant,
+        **_sustained([json.loads(p.json) for p in query.recentProgress], read or None),
+        "wall_s": time.monotonic() - started,
+        "steps": steps,
+        **_peak_jvm(spark),
+    }
+    out.write_text(json.dumps(result))
+
+
+def latency_worker(rate: float, seconds: float, out: Path) -> None:
+    """The job with a 1 s trigger on an empty topic, fed at ``rate`` records/s for
+    ``seconds``; per record, the time until its batch's marker is visible read_committed."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from app.generator import GenConfig, plan_traffic, produce
+    from app.kafka_io import app_topics, consumer_config, ensure_topics
+    from app.settings import Settings
+    from app.spark import build_spark
+    from pipelines import job
+    from pipelines import tables as t
+    from pipelines.dimension import upsert_dim_ads
+    from pipelines.publish import Marker
+
+    settings = Settings.from_env(os.environ)
+    ensure_topics(settings.bootstrap_servers, app_topics(settings))
+    n = int(rate * seconds)
+    traffic = plan_traffic(
+        GenConfig.for_settings(
+            settings, events=n, seed=11, users=100_000, ads=1000, malformed_ratio=0, step_ms=2
+        )
+    )
+    spark = build_spark(settings, "adattr-bench-latency")
+    warehouse = str(settings.warehouse.resolve())
+    upsert_dim_ads(spark, warehouse, traffic.dim_rows)
+    visible: dict[int, float] = {}
+    stop = threading.Event()
+    gen = job.current_generation(settings.checkpoints)
+
+    def watch() -> None:
+        consumer = Consumer(
+            consumer_config(settings.bootstrap_servers, "adattr-bench-lat", committed_only=True)
+        )
+        consumer.assign([TopicPartition(settings.control_topic, 0, 0)])
+        while not stop.is_set():
+            msg = consumer.poll(0.05)
+            if msg is None or msg.error() is not None:
+                continue
+            marker = Marker(**json.loads(msg.value() or b"{}"))
+            if marker.app_id == gen.app_id:
+                visible.setdefault(marker.batch_id, time.time())
+        consumer.close()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    query = job.start(spark, settings, available_now=False)
+    produce(
+        traffic.main,
+        settings.bootstrap_servers,
+        settings.input_topic,
+        rate=rate,
+        progress=False,
+    )
+    sent = len(traffic.main)
+    deadline = time.monotonic() + 120
+
+    def read() -> int:
+        ledger = spark.read.format("delta").load(f"{warehouse}/{t.LEDGER}")
+        total = ledger.selectExpr("coalesce(sum(counts['read']), 0) AS n").first()
+        return int(total.n) if total is not None else 0
+
+    while read() < sent and time.monotonic() < deadline:  # until every record is in a batch
+        query.awaitTermination(1)
+    query.stop()
+    stop.set()
+    watcher.join()
+    bronze = spark.read.format("delta").load(f"{warehouse}/{t.BRONZE}")
+    sent_at = {
+        (r.kafka_partition, r.kafka_offset): r.ts
+        for r in bronze.selectExpr(
+            "kafka_partition", "kafka_offset", "unix_millis(kafka_timestamp) / 1000 AS ts"
+        ).collect()
+    }
+    first = min(sent_at.values()) if sent_at else 0.0
+    latencies = []
+    for row in spark.read.format("delta").load(f"{warehouse}/{t.LEDGER}").collect():
+        shown = visible.get(row.batch_id)
+        if shown is None:
+            continue
+        for o in row.offsets:
+            for off in range(o.from_offset, o.to_offset + 1):
+                ts = sent_at.get((o.kafka_partition, off))
+                if ts is not None and ts - first >= 10:  # warm-up excluded
+                    latencies.append(shown - float(ts))
+    latencies.sort()
+
+    def pct(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else 0.0
+
+    out.write_text(
+        json.dumps(
+            {
+                "rate": rate,
+                "seconds": seconds,
+                "records": len(latencies),
+                "p50": pct(0.50),
+                "p95": pct(0.95),
+                "p99": pct(0.99),
+                "max": latencies[-1] if latencies else 0.0,
+            }
+        )
+    )
+
+
+# -- the orchestrator ------------------------------------------------------------------------------
+
+
+def _run_worker(env: dict[str, str], out: Path, *args: str, log: Path) -> dict[str, Any]:
+    with log.open("wb") as f:
+        rc = subprocess.run(
+            [sys.executable, "-m", "app.bench", *args, "--out", str(out)],
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        ).returncode
+    if rc != 0 or not out.exists():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise RuntimeError(f"bench worker {' '.join(args)} failed ({rc}); {log}:\n{tail}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def _split(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Seconds per batch (median over data batches) in read+state, MERGE, Kafka, other."""
+    from pipelines import tables as t
+
+    merges = {t.BRONZE, t.QUARANTINE, t.LATE, t.SILVER, t.GOLD_1M, t.ATTRIBUTIONS, t.CTR_1H}
+    merges |= {t.SESSIONS, t.LEDGER}
+    rows = []
+    for s in steps[1:] or steps:
+        rows.append(
+            {
+                "read+state": s.get("read+state+classify", 0.0) + s.get("dim", 0.0),
+                "MERGE": sum(v for k, v in s.items() if k in merges),
+                "Kafka commit": s.get("kafka", 0.0),
+            }
+        )
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]} if rows else {}
+
+
+def bench(base: Any, *, quick: bool, events: int | None, repeats: int | None) -> int:
+    from app.dim_csv import write_dim_csv
+    from app.drills import Stack, chunks_of
+    from app.generator import GenConfig, plan_traffic
+
+    n = events or (6_000 if quick else 300_000)
+    reps = repeats or (1 if quick else 3)
+    batch = max(1000, n // (2 if quick else 8))
+    s = Stack(base, "bench", events=n, seed=3, batch=batch, root="bench")
+    print(f"bench: {n:,} events, {reps} repeat(s); results under {s.dir}", flush=True)
+    s.up()
+    try:
+        s.overrides["ADATTR_TRIGGER_INTERVAL"] = "1 second"
+        for key in ("WATERMARK_DELAY", "ATTRIBUTION_LOOKBACK", "SESSION_GAP"):
+            s.overrides.pop(f"ADATTR_{key}", None)  # the shipped defaults
+        cfg = GenConfig(events=n, seed=3, users=100_000, ads=1000, malformed_ratio=0, step_ms=2)
+        traffic = plan_traffic(cfg)
+        records = traffic.main + traffic.tail  # the late ones last, behind the watermark
+        sizes = [len(v) for _, v in records[:1000]]
+        print(
+            f"bench: preloading {len(records):,} records ({len(traffic.tail)} late; mean value "
+            f"{statistics.mean(sizes):.0f} B), {batch:,} per micro-batch",
+            flush=True,
+        )
+        for part in chunks_of(records, 10):
+            s.produce(part)
+        dim_csv = s.dir / "dim.csv"
+        write_dim_csv(dim_csv, traffic.dim_rows)
+        results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+        order = list(VARIANTS)
+        for rep in range(reps):
+            for variant in order:
+                run = f"{variant}-{rep + 1}"
+                env = {**os.environ, **s.overrides}
+                env["ADATTR_WAREHOUSE"] = str(s.dir / run / "warehouse")
+                env["ADATTR_CHECKPOINTS"] = str(s.dir / run / "checkpoints")
+                env["ADATTR_OUTPUT_TOPIC"] = f"{s.settings.input_topic}-{run}-out"
+                env["ADATTR_CONTROL_TOPIC"] = f"{s.settings.input_topic}-{run}-control"
+                env["ADATTR_DELIVERY"] = "at-least-once" if variant == "B2" else "exactly-once"
+                print(f"bench: run {rep + 1}/{reps} {LABELS[variant]} ...", end="", flush=True)
+                r = _run_worker(
+                    env,
+                    s.dir / f"{run}.json",
+                    "worker",
+                    variant,
+                    "--dim",
+                    str(dim_csv),
+                    log=s.dir / f"{run}.log",
+                )
+                results[variant].append(r)
+                print(f" {r['events_per_s']:,.0f} events/s ({r['records_total']:,} records)")
+            order.reverse()
+        b3 = statistics.median(r["events_per_s"] for r in results["B3"])
+        rate = round(b3 * 0.5)
+        seconds = 20.0 if quick else 90.0
+        print(
+            f"bench: latency at {rate:,} events/s (50% of B3) for {seconds:.0f}s, 1 s trigger ..."
+        )
+        env = {**os.environ, **s.overrides, "ADATTR_MAX_OFFSETS_PER_TRIGGER": "0"}
+        env["ADATTR_INPUT_TOPIC"] = f"{s.settings.input_topic}-latency"
+        env["ADATTR_WAREHOUSE"] = str(s.dir / "latency" / "warehouse")
+        env["ADATTR_CHECKPOINTS"] = str(s.dir / "latency" / "checkpoints")
+        latency = _run_worker(
+            env,
+            s.dir / "latency.json",
+            "latency",
+            "--rate",
+            str(rate),
+            "--seconds",
+            str(seconds),
+            log=s.dir / "latency.log",
+        )
+    finally:
+        s.down()
+    summary = summarise(results, latency, n=n, reps=reps, quick=quick)
+    (s.dir / "result.json").write_text(json.dumps({"summary": summary, "runs": results}, indent=1))
+    print_table(summary)
+    chart(summary, s.dir / "bench.png")
+    print(f"bench: wrote {s.dir / 'result.json'} and {s.dir / 'bench.png'}")
+    return 0
+
+
+def summarise(
+    results: dict[str, list[dict[str, Any]]], latency: dict[str, Any], **meta: Any
+) -> dict[str, Any]:
+    rates = {v: [r["events_per_s"] for r in rs] for v, rs in results.items()}
+    med = {v: statistics.median(x) for v, x in rates.items()}
+    return {
+        **meta,
+        "rates": {
+            v: {"median": med[v], "min": min(x), "max": max(x), "runs": x} for v, x in rates.items()
+        },
+        "ratios": {
+            "B3/B2": med["B3"] / med["B2"] if med["B2"] else None,
+            "B3/B0s": med["B3"] / med["B0s"] if med["B0s"] else None,
+        },
+        "latency": latency,
+        "peak_rss_mb": {
+            v: max(r.get("peak_rss_mb", 0) for r in rs) for v, rs in results.items() if v != "B0k"
+        },
+        "split": {v: _split([s for r in results[v] for s in r["steps"]]) for v in ("B2", "B3")},
+    }
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    print(f"\n{'variant':<44} {'events/s (median)':>18} {'range':>22} {'peak RSS':>10}")
+    for v in VARIANTS:
+        r = summary["rates"][v]
+        rss = summary["peak_rss_mb"].get(v)
+        print(
+            f"{LABELS[v]:<44} {r['median']:>18,.0f} "
+            f"{r['min']:>10,.0f} - {r['max']:>9,.0f} {f'{rss:,.0f} MB' if rss else '-':>10}"
+        )
+    ratios = summary["ratios"]
+    print(
+        f"B3/B2 (cost of exactly-once): {ratios['B3/B2']:.2f}   "
+        f"B3/B0 (Spark read): {ratios['B3/B0s']:.2f}"
+    )
+    lat = summary["latency"]
+    print(
+        f"latency at {lat['rate']:,.0f} events/s, 1 s trigger, {lat['records']:,} records: "
+        f"p50 {lat['p50']:.2f}s  p95 {lat['p95']:.2f}s  p99 {lat['p99']:.2f}s"
+    )
+    for v, split in summary["split"].items():
+        parts = "  ".join(f"{k} {x:.2f}s" for k, x in split.items())
+        print(f"{v} per batch (median): {parts}")
+
+
+def chart(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    meds = [summary["rates"][v]["median"] for v in VARIANTS]
+    lows = [m - summary["rates"][v]["min"] for v, m in zip(VARIANTS, meds, strict=True)]
+    highs = [summary["rates"][v]["max"] - m for v, m in zip(VARIANTS, meds, strict=True)]
+    left.bar(VARIANTS, meds, yerr=[lows, highs], capsize=4, color=["#999", "#bbb", "#6a9", "#36c"])
+    left.set_yscale("log")  # a consumer loop and a full pipeline differ by orders of magnitude
+    left.set_ylabel("events/s (median, range; log scale)")
+    left.set_title(f"throughput, {summary['n']:,} events, {summary['reps']} repeat(s)")
+    for i, m in enumerate(meds):
+        left.text(i, m, f"{m:,.0f}", ha="center", va="bottom", fontsize=8)
+    split = summary["split"]
+    names = list(next(iter(split.values())).keys()) if split else []
+    bottom = [0.0] * len(split)
+    for name in names:
+        vals = [split[v][name] for v in split]
+        right.bar(list(split), vals, bottom=bottom, label=name)
+        bottom = [b + x for b, x in zip(bottom, vals, strict=True)]
+    right.set_ylabel("seconds per micro-batch (median)")
+    lat = summary["latency"]
+    right.set_title(f"batch time split; latency p50 {lat['p50']:.1f}s p99 {lat['p99']:.1f}s")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m app.bench")
+    sub = parser.add_subparsers(dest="what", required=True)
+    w = sub.add_parser("worker")
+    w.add_argument("variant", choices=VARIANTS)
+    w.add_argument("--out", required=True)
+    w.add_argument("--dim", help="dim_ads CSV to load first (B2, B3)")
+    lat = sub.add_parser("latency")
+    lat.add_argument("--rate", type=float, required=True)
+    lat.add_argument("--seconds", type=float, required=True)
+    lat.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    if args.what == "worker":
+        worker(args.variant, Path(args.out), Path(args.dim) if args.dim else None)
+    else:
+        latency_worker(args.rate, args.seconds, Path(args.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""The short versions of the drills, as a user runs them: `adattr drill crash|replay|broker`.
+
+Each drill generates its own traffic and truth, hurts the job, then verifies every table
+against the truth, audits the ledger and reconciles every table from bronze, exiting 1 on any
+discrepancy (those checks' own ability to fail is pinned in test_job.py). The crash drill here
+hits the crash points test_exactly_once_output.py does not, plus two random SIGKILLs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.broker import free_port
+from tests.builders import adattr_env, run_adattr
+
+pytestmark = pytest.mark.integration
+
+
+def _env(tmp_path: Path, bootstrap: str, controller: int = 0) -> dict[str, str]:
+    return adattr_env(
+        bootstrap_servers=bootstrap,
+        kafka_controller_port=str(controller or free_port()),
+        data_dir=str(tmp_path / "data"),
+        spark_master="local[2]",
+    )
+
+
+def _passed(done, name: str) -> str:  # type: ignore[no-untyped-def]
+    assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-3000:]}"
+    assert f"drill {name}: PASSED" in done.stdout
+    assert "DISCREPANCY" not in done.stdout
+    for check in ("verify: OK", "audit: OK", "reconcile: OK"):
+        assert check in done.stdout, check
+    return str(done.stdout)
+
+
+def test_crash_drill(kafka_bootstrap: str, tmp_path: Path) -> None:
+    points = "during_state_store_upload,between_delta_commits,after_ledger_before_commit_log"
+    done = run_adattr(
+        _env(tmp_path, kafka_bootstrap),
+        *("drill", "crash", "--kills", "2", "--seed", "5", "--events", "1200", "--points", points),
+        timeout=1200,
+    )
+    out = _passed(done, "crash")
+    assert out.count(": killed;") == 3
+    assert out.count("SIGKILL to the process tree") == 2
+
+
+def test_replay_drill(kafka_bootstrap: str, tmp_path: Path) -> None:
+    env = _env(tmp_path, kafka_bootstrap)
+    done = run_adattr(env, "drill", "replay", "--events", "1200", timeout=1200)
+    out = _passed(done, "replay")
+    assert "every table unchanged" in out
+
+
+def test_broker_drill_owns_and_restarts_its_broker(tmp_path: Path) -> None:
+    env = _env(tmp_path, f"127.0.0.1:{free_port()}")
+    done = run_adattr(
+        env, "drill", "broker", "--events", "1200", "--down-seconds", "10", timeout=1200
+    )
+    out = _passed(done, "broker")
+    assert "broker restarted" in out
