@@ -100,6 +100,8 @@ class Stack:
             "ADATTR_CONSUMER_DB": f"sqlite:///{self.dir / 'budget.db'}",
             "ADATTR_MAX_OFFSETS_PER_TRIGGER": str(batch),
             "ADATTR_TRIGGER_INTERVAL": "1 second",
+            # A few hundred records per batch: 2 tasks per stage instead of 4 on 2 cores.
+            "ADATTR_SHUFFLE_PARTITIONS": "2",
             **{f"ADATTR_{k.upper()}": v for k, v in SHAPE.items()},
         }
         self.env = {**os.environ, **self.overrides}

@@ -29,9 +29,9 @@ def test_quick_bench_reports_every_variant(kafka_bootstrap: str, tmp_path: Path)
     for variant in ("B0s", "B0k", "B2", "B3"):
         assert summary["rates"][variant]["median"] > 0, variant
     runs = json.loads(results[0].read_text())["runs"]
-    # Every record of the topic was read by every variant (6,000 plus duplicates, no loss).
+    # Every record of the topic was read by every variant (4,000 plus duplicates, no loss).
     totals = {v: runs[v][0]["records_total"] for v in runs}
-    assert len(set(totals.values())) == 1 and totals["B3"] >= 6000, totals
+    assert len(set(totals.values())) == 1 and totals["B3"] >= 4000, totals
     assert summary["latency"]["records"] > 0
     assert summary["latency"]["p50"] <= summary["latency"]["p99"]
     assert (results[0].parent / "bench.png").stat().st_size > 10_000
