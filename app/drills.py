@@ -340,22 +340,36 @@ def drill_crash(
             s.produce(chunks[len(points) + k])
             start = s.progress()
             proc = s.start_job("run")
-            at = rng.uniform(2.0, 30.0)
+            # A random moment that the job's progress, not the machine's speed, decides: after
+            # 0 or 1 batches this run committed (a loaded machine would otherwise land every
+            # kill in start-up), then 0-8 s more: start-up, mid-batch, between batches.
+            after = rng.choice((0, 1))
+            try:
+                wait_for(
+                    lambda p=proc, goal=start[1] + after: (  # type: ignore[misc]
+                        p.poll() is not None or s.progress()[1] >= goal
+                    ),
+                    240,
+                    f"{after} batch(es) to commit",
+                )
+            except TimeoutError:
+                after = -1  # reported below: the job made no progress in 4 minutes
+            at = rng.uniform(0.0, 8.0)
             time.sleep(at)  # the drill's random moment: when the kill lands is the point
             planned, committed = s.progress()
             if proc.poll() is not None:
                 report.fail(f"kill {k + 1}: the job had already exited ({proc.returncode})")
                 continue
             kill_tree(proc)
-            if planned > start[0]:
-                state = f"this run planned up to batch {planned - 1}, committed {committed}"
-                state += f"; batch {planned - 1} in flight" if planned > committed else ""
-            elif planned > committed:
-                state = f"before this run finished re-executing batch {planned - 1}"
+            if after < 0:
+                report.fail(f"kill {k + 1}: no batch committed within 240 s of the start")
+            if planned > committed:
+                state = f"batch {planned - 1} in flight ({committed} committed)"
             else:
-                state = "before this run planned a batch (start-up)"
+                state = f"between batches ({committed} committed)"
             report.say(
-                f"kill {k + 1}/{kills} {at:.1f}s after start: SIGKILL to the process tree, {state}"
+                f"kill {k + 1}/{kills}: {max(after, 0)} batch(es) into the run + {at:.1f}s, "
+                f"SIGKILL to the process tree; {state}, {committed - start[1]} by this run"
             )
         s.produce(chunks[-1] if len(chunks) > len(points) + kills else [])
         s.drain(report)
