@@ -40,22 +40,67 @@ def upsert_dim_ads(
     return int(version[0]) if version else 0, spark.read.format("delta").load(path).count()
 
 
-def dim_snapshot(spark: SparkSession, warehouse: str, as_of_ms: int) -> tuple[DataFrame, int]:
-    """The dim_ads version in force at ``as_of_ms`` (epoch millis) and its rows."""
+def _require(spark: SparkSession, path: str) -> None:
     from delta.tables import DeltaTable
 
-    path = f"{warehouse}/{DIM_ADS}"
     if not DeltaTable.isDeltaTable(spark, path):
         raise DimensionMissingError(
             f"{path} does not exist: load the ad dimension first with `adattr dim load FILE.csv`"
         )
-    history = (
+
+
+def _history(spark: SparkSession, path: str) -> list[tuple[int, int]]:
+    """(version, commit time in epoch millis) of every dim_ads version."""
+    from delta.tables import DeltaTable
+
+    rows = (
         DeltaTable.forPath(spark, path)
         .history()
         .select("version", F.expr("unix_millis(timestamp)").alias("ms"))
         .collect()
     )
-    in_force = [h.version for h in history if h.ms <= as_of_ms]
+    return [(int(r.version), int(r.ms)) for r in rows]
+
+
+def _in_force(history: list[tuple[int, int]], as_of_ms: int) -> int:
+    in_force = [v for v, ms in history if ms <= as_of_ms]
     # A batch older than the table itself (a replay of old data) uses the first version.
-    version = max(in_force) if in_force else min(h.version for h in history)
-    return spark.read.format("delta").option("versionAsOf", version).load(path), int(version)
+    return max(in_force) if in_force else min(v for v, _ in history)
+
+
+def dim_snapshot(spark: SparkSession, warehouse: str, as_of_ms: int) -> tuple[DataFrame, int]:
+    """The dim_ads version in force at ``as_of_ms`` (epoch millis) and its rows."""
+    path = f"{warehouse}/{DIM_ADS}"
+    _require(spark, path)
+    version = _in_force(_history(spark, path), as_of_ms)
+    return spark.read.format("delta").option("versionAsOf", version).load(path), version
+
+
+class DimSnapshots:
+    """``dim_snapshot`` for a running job, at the cost of a log listing per batch: the history
+    is read again only when dim_ads has a newer version than last seen, and each version's rows
+    (a small table) are read once and kept in memory. Same answers as ``dim_snapshot``."""
+
+    def __init__(self, spark: SparkSession, warehouse: str) -> None:
+        self.spark = spark
+        self.path = f"{warehouse}/{DIM_ADS}"
+        self._latest = -1
+        self._history: list[tuple[int, int]] = []
+        self._frames: dict[int, DataFrame] = {}
+
+    def at(self, as_of_ms: int) -> tuple[DataFrame, int]:
+        if self._latest < 0:
+            _require(self.spark, self.path)
+        jvm = self.spark._jvm
+        none = jvm.scala.Option.apply(None)  # type: ignore[union-attr]
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(  # type: ignore[union-attr]
+            self.spark._jsparkSession, self.path
+        )
+        latest = int(log.update(False, none, none).version())  # lists the log; reads no data
+        if latest != self._latest:
+            self._history, self._latest = _history(self.spark, self.path), latest
+        version = _in_force(self._history, as_of_ms)
+        if version not in self._frames:
+            rows = self.spark.read.format("delta").option("versionAsOf", version).load(self.path)
+            self._frames[version] = self.spark.createDataFrame(rows.collect(), rows.schema)
+        return self._frames[version], version

@@ -26,8 +26,10 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from pyspark import StorageLevel
@@ -37,7 +39,7 @@ from pyspark.sql import functions as F
 from app.crash import crash_point, crash_when_file_appears
 from pipelines import tables as t
 from pipelines.delta_writes import delta_txn
-from pipelines.dimension import dim_snapshot
+from pipelines.dimension import DimSnapshots
 from pipelines.gold import (
     ATTRIBUTION_COLUMNS,
     attribute,
@@ -46,6 +48,7 @@ from pipelines.gold import (
     user_sessions,
     window_metrics,
 )
+from pipelines.high_water import HighWater, read_high_water
 from pipelines.publish import Publisher
 from pipelines.transforms import ACCEPTED, LATE, classify, enrich
 from schemas import ad_event as c
@@ -97,6 +100,7 @@ class StepTimer:
 
     def __init__(self) -> None:
         self.steps: dict[str, float] = {}
+        self.tables: dict[str, float] = {}
         self._last = time.monotonic()
 
     def mark(self, name: str) -> None:
@@ -104,8 +108,20 @@ class StepTimer:
         self.steps[name] = self.steps.get(name, 0.0) + now - self._last
         self._last = now
 
+    def timed(self, name: str, write: Callable[[], None]) -> Callable[[], None]:
+        """``write``, noting its own duration as ``name`` (writes run in threads: the phases
+        around them are marked with their wall time)."""
+
+        def run() -> None:
+            started = time.monotonic()
+            write()
+            self.tables[name] = time.monotonic() - started
+
+        return run
+
     def describe(self) -> str:
-        return " ".join(f"{k}={v:.2f}s" for k, v in self.steps.items())
+        tables = " ".join(f"{k}={v:.2f}s" for k, v in self.tables.items())
+        return " ".join(f"{k}={v:.2f}s" for k, v in self.steps.items()) + f" ({tables})"
 
 
 class AttributionSink:
@@ -118,6 +134,11 @@ class AttributionSink:
         self.last_counts = ""
         self.versions: dict[str, int] = {}
         self._replayed: dict[tuple[str, int], int] | None = None
+        self.dims = DimSnapshots(spark, ctx.warehouse)
+        self.high_water: HighWater | None = None
+        # Closed sessions are computed and written beside the attribution chain, in a session
+        # of their own: a MERGE takes its Delta txn ids from its session's confs.
+        self.side = spark.newSession()
 
     def _prior_decisions(self, batch_id: int) -> DataFrame | None:
         """Decisions of earlier generations on offsets this batch reads again (a replay), or
@@ -161,7 +182,12 @@ class AttributionSink:
         self.versions = {}
         meta = read_batch_meta(self.ctx.checkpoint, batch_id)
         previous = read_batch_meta(self.ctx.checkpoint, batch_id - 1) if batch_id > 0 else None
-        dim, dim_version = dim_snapshot(self.spark, self.ctx.warehouse, meta.timestamp_ms)
+        if self.high_water is None:  # the run's first batch, before it writes anything
+            self.high_water = read_high_water(
+                self.spark, self.ctx.warehouse, self.ctx.app_id, self.ctx.generation
+            )
+            log.info("high water at the start of this run: %s", self.high_water)
+        dim, dim_version = self.dims.at(meta.timestamp_ms)
         self.timer.mark("dim")
 
         # The batch frame is a wrapped RDD over the Kafka read and the stateful operator: cache
@@ -234,10 +260,13 @@ class AttributionSink:
         counts["read"] = sum(counts.values())
         by_coordinates = _coordinates_condition(ranges)
         crash_point(self.ctx.crash_at, "before_delta_commit")
-
-        # An empty source inserts nothing: skipping its MERGE is the same result, for free.
-        if counts["read"]:
-            self._insert_new(t.BRONZE, rows.select(*t.columns(t.BRONZE)), by_coordinates, batch_id)
+        hw = self.high_water
+        assert hw is not None
+        fresh = hw.records_fresh(ranges)
+        # Bronze, quarantine, late and silver depend on nothing but the batch: written together.
+        writes: list[tuple[str, DataFrame, str, bool]] = []
+        if counts["read"]:  # an empty source inserts nothing: skipping it is the same result
+            writes.append((t.BRONZE, rows, by_coordinates, fresh))
         if any(reason in counts for reason in c.REASONS):
             quarantined = rows.where(F.col("outcome").isin(*c.REASONS)).withColumns(
                 {
@@ -245,16 +274,12 @@ class AttributionSink:
                     "raw_text": F.expr("make_valid_utf8(CAST(raw_value AS STRING))"),
                 }
             )
-            self._insert_new(
-                t.QUARANTINE, quarantined.select(*t.columns(t.QUARANTINE)), by_coordinates, batch_id
-            )
+            writes.append((t.QUARANTINE, quarantined, by_coordinates, fresh))
         if LATE in counts:
             late = rows.where(F.col("outcome") == LATE).withColumn(
                 "watermark", F.timestamp_millis(F.lit(meta.watermark_ms))
             )
-            self._insert_new(t.LATE, late.select(*t.columns(t.LATE)), by_coordinates, batch_id)
-
-        crash_point(self.ctx.crash_at, "between_delta_commits")
+            writes.append((t.LATE, late, by_coordinates, fresh))
         accepted = [s for s in stats if s.outcome == ACCEPTED]
         span = None
         if accepted:
@@ -264,29 +289,69 @@ class AttributionSink:
             )
             # One row per event_id. A re-sent event carries its original event_time, so the
             # match is scoped to the batch's event-time span, which lets Delta skip older files.
-            self._insert_new(
-                t.SILVER,
-                silver.select(*t.columns(t.SILVER)),
-                "t.event_id = s.event_id AND t.event_time BETWEEN "
-                f"timestamp_millis({span[0]}) AND timestamp_millis({span[1]})",
-                batch_id,
+            writes.append(
+                (
+                    t.SILVER,
+                    silver,
+                    "t.event_id = s.event_id AND t.event_time BETWEEN "
+                    f"timestamp_millis({span[0]}) AND timestamp_millis({span[1]})",
+                    hw.silver_fresh(ranges),
+                )
             )
+        self._concurrently(
+            [
+                self.timer.timed(
+                    name,
+                    partial(
+                        self._insert_new,
+                        self.spark,
+                        name,
+                        df.select(*t.columns(name)),
+                        cond,
+                        batch_id,
+                        fresh=new,
+                    ),
+                )
+                for name, df, cond, new in writes
+            ],
+            # A keyed MERGE takes its txn ids from the session's confs: those run one by one.
+            together=all(new for *_, new in writes),
+        )
+        self.timer.mark("records")
+
+        crash_point(self.ctx.crash_at, "between_delta_commits")
         # Everything below is derived from silver. A watermark that moved finalises rows (and
         # closes sessions) even in a batch without new events.
         w_prev = previous.watermark_ms if previous is not None else 0
         advanced = meta.watermark_ms > w_prev
-        reattributed = self._update_attributions(
-            rows if accepted else None, batch_id, meta.watermark_ms, advanced, counts
-        )
-        span = _cover(span, reattributed)
-        if span is not None or advanced:
-            self._update_gold(batch_id, meta.watermark_ms, span)
-            self._update_ctr(batch_id, meta.watermark_ms, span)
+
+        def attribution_chain() -> None:
+            reattributed = self._update_attributions(
+                rows if accepted else None, batch_id, meta.watermark_ms, advanced, counts
+            )
+            gold_span = _cover(span, reattributed)
+            chain["wrote_gold"] = gold_span is not None or advanced
+            if chain["wrote_gold"]:
+                self._update_gold(batch_id, meta.watermark_ms, gold_span)
+                self._update_ctr(batch_id, meta.watermark_ms, gold_span)
+
+        chain: dict[str, bool] = {}
+        gold = [self.timer.timed("attribution+1m+ctr", attribution_chain)]
         if advanced:
-            self._close_sessions(batch_id, w_prev, meta.watermark_ms, counts)
+            sessions_fresh = hw.sessions_fresh(w_prev)
+            gold.append(
+                self.timer.timed(
+                    t.SESSIONS,
+                    lambda: self._close_sessions(
+                        batch_id, w_prev, meta.watermark_ms, counts, fresh=sessions_fresh
+                    ),
+                )
+            )
+        self._concurrently(gold, together=True)
+        self.timer.mark("gold")
 
         crash_point(self.ctx.crash_at, "after_delta_before_kafka")
-        kafka_outcome = self._publish(batch_id, wrote_gold=span is not None or advanced)
+        kafka_outcome = self._publish(batch_id, wrote_gold=chain["wrote_gold"])
         crash_point(self.ctx.crash_at, "after_kafka_before_ledger")
         self.last_counts = " ".join(f"{k}={v:,}" for k, v in sorted(counts.items()))
         offsets = [(tp, p, lo, hi, n) for (tp, p), (lo, hi, n) in sorted(ranges.items())]
@@ -316,12 +381,27 @@ class AttributionSink:
             "delta_versions map<string,long>, kafka_transactional_id string, kafka_outcome string",
         ).withColumns({k: F.timestamp_millis(F.lit(v)) for k, v in millis.items()})
         self._insert_new(
+            self.spark,
             t.LEDGER,
             ledger_row.select(*t.columns(t.LEDGER)),
             "t.app_id = s.app_id AND t.batch_id = s.batch_id",
             batch_id,
+            fresh=hw.ledger_fresh(batch_id),
         )
+        self.timer.mark("ledger")
         crash_point(self.ctx.crash_at, "after_ledger_before_commit_log")
+
+    @staticmethod
+    def _concurrently(writes: list[Callable[[], None]], *, together: bool) -> None:
+        """Runs independent writes at once (Spark's scheduler is thread-safe, and a Delta
+        commit's fixed cost is mostly waiting), or one by one; the first failure is raised."""
+        if not together or len(writes) < 2:
+            for write in writes:
+                write()
+            return
+        with ThreadPoolExecutor(len(writes), thread_name_prefix="adattr-write") as pool:
+            for future in [pool.submit(write) for write in writes]:
+                future.result()
 
     def _publish(self, batch_id: int, *, wrote_gold: bool) -> str:
         """Publishes every gold row this batch changed (found by its stamp, so a re-execution
@@ -374,18 +454,30 @@ class AttributionSink:
             frames.append(changed.select(key.alias("k"), value.alias("v")))
         return frames[0].unionByName(frames[1])
 
-    def _insert_new(self, name: str, source: DataFrame, condition: str, batch_id: int) -> None:
+    def _insert_new(
+        self,
+        spark: SparkSession,
+        name: str,
+        source: DataFrame,
+        condition: str,
+        batch_id: int,
+        *,
+        fresh: bool,
+    ) -> None:
+        """Inserts the source's rows that the table does not hold yet: a plain append when no
+        row with their keys can exist (``fresh``, see ``pipelines.high_water``; and always in the
+        at-least-once baseline), otherwise a MERGE keyed by ``condition`` with Delta's txn ids."""
         from delta.tables import DeltaTable
 
-        if not self.ctx.exactly_once:
+        if fresh or not self.ctx.exactly_once:
             # An append does not cast to the table's types as a MERGE does.
             typed = source.select(*[F.col(f.name).cast(f.dataType) for f in t.schema(name).fields])
             typed.write.format("delta").mode("append").save(self.path(name))
             self._committed(name)
             return
-        with delta_txn(self.spark, self.ctx.app_id, batch_id):
+        with delta_txn(spark, self.ctx.app_id, batch_id):
             (
-                DeltaTable.forPath(self.spark, self.path(name))
+                DeltaTable.forPath(spark, self.path(name))
                 .alias("t")
                 .merge(source.alias("s"), condition)
                 .whenNotMatchedInsertAll()
@@ -393,20 +485,21 @@ class AttributionSink:
             )
         self._committed(name)
 
-    def _txn(self, batch_id: int) -> AbstractContextManager[None]:
+    def _txn(
+        self, batch_id: int, spark: SparkSession | None = None
+    ) -> AbstractContextManager[None]:
         """Delta's idempotent-write marker around one write (none in the at-least-once mode)."""
         if not self.ctx.exactly_once:
             return nullcontext()
-        return delta_txn(self.spark, self.ctx.app_id, batch_id)
+        return delta_txn(spark or self.spark, self.ctx.app_id, batch_id)
 
     def _committed(self, name: str) -> None:
         """Notes the table's version after this batch's write (the version that holds it; the
-        same as before when Delta skipped an already committed batch) and the step's time."""
+        same as before when Delta skipped an already committed batch)."""
         self.versions[name] = _table_version(self.spark, self.path(name))
-        self.timer.mark(name)
 
-    def _load(self, name: str) -> DataFrame:
-        return self.spark.read.format("delta").load(self.path(name))
+    def _load(self, name: str, spark: SparkSession | None = None) -> DataFrame:
+        return (spark or self.spark).read.format("delta").load(self.path(name))
 
     def _stamped(self, assignments: dict[str, str], batch_id: int) -> dict[str, str | Column]:
         """A MERGE update that also stamps the row with this batch: every row a batch changes
@@ -620,7 +713,7 @@ class AttributionSink:
         self._committed(t.CTR_1H)
 
     def _close_sessions(
-        self, batch_id: int, w_prev: int, w_cur: int, counts: dict[str, int]
+        self, batch_id: int, w_prev: int, w_cur: int, counts: dict[str, int], *, fresh: bool
     ) -> None:
         """Writes, once, every session the watermark closed in this batch: those ending in
         (previous watermark, this watermark]. No event at or behind the watermark can be
@@ -628,11 +721,14 @@ class AttributionSink:
 
         Its last event lies in (w_prev - gap, w_cur - gap]: those users are the candidates. Their
         events are read back from a bounded horizon, widened only while a closing session starts
-        within one gap of the horizon (an earlier event might still belong to it)."""
-        from delta.tables import DeltaTable
+        within one gap of the horizon (an earlier event might still belong to it).
 
+        Runs beside the attribution chain, in the sink's side session."""
+        spark = self.side
         gap_ms = self.ctx.session_gap_seconds * 1000
-        silver = self._load(t.SILVER).select("user_id", "event_type", "event_time", "revenue")
+        silver = self._load(t.SILVER, spark).select(
+            "user_id", "event_type", "event_time", "revenue"
+        )
         candidates = (
             silver.where(
                 (F.col("event_time") > F.timestamp_millis(F.lit(w_prev - gap_ms)))
@@ -670,23 +766,18 @@ class AttributionSink:
             horizon -= reach
             reach *= 2
         counts["sessions_closed"] = closed.count()
-        scope = (
-            f"t.session_end > timestamp_millis({w_prev}) "
-            f"AND t.session_end <= timestamp_millis({w_cur})"
-        )
-        with self._txn(batch_id):
-            (
-                DeltaTable.forPath(self.spark, self.path(t.SESSIONS))
-                .alias("t")
-                .merge(
-                    self._provenance(closed, batch_id).alias("s"),
-                    f"t.user_id = s.user_id AND t.session_start = s.session_start AND {scope}",
-                )
-                .whenNotMatchedInsertAll()
-                .execute()
+        if counts["sessions_closed"]:  # nothing closed: nothing to write, on any execution
+            self._insert_new(
+                spark,
+                t.SESSIONS,
+                self._provenance(closed, batch_id),
+                "t.user_id = s.user_id AND t.session_start = s.session_start "
+                f"AND t.session_end > timestamp_millis({w_prev}) "
+                f"AND t.session_end <= timestamp_millis({w_cur})",
+                batch_id,
+                fresh=fresh,
             )
         closed.unpersist()
-        self._committed(t.SESSIONS)
 
 
 ISO = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"

@@ -238,9 +238,17 @@ def test_reexecuted_batch_changes_nothing(spark, settings: Settings, golden) -> 
     last = commits[-1]
     (gen.checkpoint / "commits" / str(last)).unlink()
     (gen.checkpoint / "commits" / f".{last}.crc").unlink(missing_ok=True)
+    bronze = DeltaTable.forPath(spark, f"{_warehouse(settings)}/{t.BRONZE}")
+    ops_before = [r.operation for r in bronze.history().orderBy("version").collect()]
+    # Fresh batches appended (no keyed MERGE, no txn lookup)...
+    assert "WRITE" in ops_before, ops_before
     job.run(spark, settings, available_now=True)
     assert (gen.checkpoint / "commits" / str(last)).exists(), "the batch was not re-executed"
     assert _fingerprint(spark, settings) == before
+    # ...the re-executed one overlapped the high-water marks and MERGEd, appending nothing.
+    ops_after = [r.operation for r in bronze.history().orderBy("version").collect()]
+    assert ops_after[: len(ops_before)] == ops_before
+    assert set(ops_after[len(ops_before) :]) <= {"MERGE"}, ops_after
 
 
 def test_writes_are_idempotent_even_without_delta_txn(spark, settings: Settings, golden) -> None:  # type: ignore[no-untyped-def]

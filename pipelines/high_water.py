@@ -1,0 +1,99 @@
+"""What the tables held when a run of the job started: the proof that lets a batch append.
+
+A keyed MERGE (or Delta's ``txnAppId``/``txnVersion``) makes a write idempotent, but both cost a
+reconstruction of the target's snapshot (three Spark jobs, ~1 s on two cores) on every batch. A
+plain append costs one job. It is just as exact whenever no row with the batch's keys can exist
+yet, and that is decidable once per run:
+
+- Within one run of the query, Spark executes each batch id once; only the first batch of a run
+  can be a re-execution of a batch an earlier run (maybe) wrote part of.
+- So whatever the tables held when the run started bounds everything that is not this run's own.
+  A batch whose Kafka offsets all lie above the highest offset bronze, quarantine, late and silver
+  held at the start cannot meet a row of an earlier run, an earlier generation or a rewound
+  checkpoint: it appends. One that overlaps (the re-executed first batch, a replay, a checkpoint
+  rewound under another app id) takes the keyed MERGE with Delta's txn ids, as before.
+- Silver is keyed by ``event_id``, and a duplicate can sit at any offset. Within one checkpoint
+  generation the dedup state remembers every event id it accepted (across restarts), so silver
+  appends when it held only this app id's events at the start: the ledger holds rows of this app
+  id only and silver no row of another generation. After a replay or a checkpoint rewound under
+  another app id it stays a keyed MERGE for the whole generation (what ``classify(stored=...)``
+  cannot see beyond re-read offsets, the MERGE still catches).
+- The ledger is keyed by (app id, batch id): a batch above the highest this app id had appends.
+- Closed sessions are written in the watermark interval ``(w_prev, w_cur]`` of their end: a
+  batch appends when every session the table held at the start ended at or before ``w_prev``.
+
+The marks are read before the run's first batch writes anything, under the checkpoint's run lock
+(``pipelines.job.exclusive``), so no other writer can add rows behind them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines import tables as t
+
+# Every table whose rows are keyed by the Kafka record they came from.
+RECORD_TABLES = (t.BRONZE, t.QUARANTINE, t.LATE, t.SILVER)
+NEVER = -(2**62)
+
+
+@dataclass(frozen=True)
+class HighWater:
+    offsets: dict[tuple[str, int], int]  # highest Kafka offset held, per (topic, partition)
+    ledger_batch: int  # highest batch id of this app id in the ledger (-1: none)
+    session_end_ms: int  # latest session_end held (NEVER: no session)
+    silver_exclusive: bool  # silver held only this app id's events
+
+    def records_fresh(self, ranges: dict[tuple[str, int], list[int]]) -> bool:
+        """Whether a batch reading these (from, to, n) offset ranges can append its records."""
+        return all(lo > self.offsets.get(tp, -1) for tp, (lo, _hi, _n) in ranges.items())
+
+    def silver_fresh(self, ranges: dict[tuple[str, int], list[int]]) -> bool:
+        return self.silver_exclusive and self.records_fresh(ranges)
+
+    def ledger_fresh(self, batch_id: int) -> bool:
+        return batch_id > self.ledger_batch
+
+    def sessions_fresh(self, w_prev_ms: int) -> bool:
+        return self.session_end_ms <= w_prev_ms
+
+
+def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation: int) -> HighWater:
+    def load(name: str) -> DataFrame:
+        return spark.read.format("delta").load(f"{warehouse}/{name}")
+
+    coords = None
+    for name in RECORD_TABLES:
+        frame = load(name).select("kafka_topic", "kafka_partition", "kafka_offset")
+        coords = frame if coords is None else coords.unionByName(frame)
+    assert coords is not None
+    offsets = {
+        (r.kafka_topic, int(r.kafka_partition)): int(r.hi)
+        for r in coords.groupBy("kafka_topic", "kafka_partition")
+        .agg(F.max("kafka_offset").alias("hi"))
+        .collect()
+    }
+    ledger = (
+        load(t.LEDGER)
+        .agg(
+            F.max(F.when(F.col("app_id") == app_id, F.col("batch_id"))).alias("mine"),
+            F.count(F.when(F.col("app_id") != app_id, 1)).alias("others"),
+        )
+        .first()
+    )
+    assert ledger is not None
+    silver = load(t.SILVER)
+    foreign_silver = not silver.where(F.col("generation") != generation).isEmpty()
+    silver_exclusive = silver.isEmpty() or (
+        ledger.mine is not None and ledger.others == 0 and not foreign_silver
+    )
+    sessions = load(t.SESSIONS).agg(F.expr("unix_millis(max(session_end))")).first()
+    return HighWater(
+        offsets,
+        int(ledger.mine) if ledger.mine is not None else -1,
+        int(sessions[0]) if sessions and sessions[0] is not None else NEVER,
+        silver_exclusive,
+    )
