@@ -7,6 +7,10 @@ into fresh tables, run alternately (B0s B0k B2 B3, then the reverse, ...) so dri
 
 - ``B0s`` the Spark Kafka source (read_committed) into Spark's ``noop`` sink: the read ceiling;
 - ``B0k`` a plain confluent-kafka consumer loop (read_committed) counting records;
+- ``B1`` the textbook peer: the job a data engineer writes from the Spark docs (``from_json``,
+  ``dropDuplicatesWithinWatermark``, a broadcast join with ``dim_ads``, a 1-minute count per ad
+  MERGEd into one Delta table per batch with Delta's txn ids): no quarantine, no late capture,
+  no attribution, no sessions, no ledger, no Kafka output;
 - ``B2`` the full pipeline, at-least-once: the same transforms and state, plain Delta appends
   instead of keyed MERGEs, no Delta txn ids, a plain Kafka producer (``ADATTR_DELIVERY``);
 - ``B3`` the full exactly-once pipeline as shipped.
@@ -31,12 +35,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-VARIANTS = ("B0s", "B0k", "B2", "B3")
+VARIANTS = ("B0s", "B0k", "B1", "B2", "B3")
 LABELS = {
     "B0s": "B0 Spark Kafka source, no-op sink",
     "B0k": "B0 confluent-kafka consumer loop",
+    "B1": "B1 textbook job, one Delta table",
     "B2": "B2 full pipeline, at-least-once",
     "B3": "B3 full pipeline, exactly-once (shipped)",
 }
@@ -150,12 +155,14 @@ def worker(variant: str, out: Path, dim: Path | None) -> None:
         steps.append(timings)
         read[batch_id] = records
 
-    if dim is not None and variant in ("B2", "B3"):
+    if dim is not None and variant in ("B1", "B2", "B3"):
         from app.dim_csv import read_dim_csv
         from pipelines.dimension import upsert_dim_ads
 
         upsert_dim_ads(spark, str(settings.warehouse.resolve()), read_dim_csv(dim))
-    if variant == "B0s":
+    if variant == "B1":
+        query = textbook_job(spark, settings)
+    elif variant == "B0s":
         query = (
             job.read_events(spark, settings)
             .writeStream.format("noop")
@@ -176,6 +183,138 @@ def worker(variant: str, out: Path, dim: Path | None) -> None:
         **_peak_jvm(spark),
     }
     out.write_text(json.dumps(result))
+
+
+def textbook_job(spark: Any, settings: Any) -> Any:
+    """B1: one keyed MERGE per batch into one table, as the Spark and Delta docs show it."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    from pipelines import job
+    from pipelines import tables as t
+    from pipelines.delta_writes import delta_txn
+
+    warehouse = str(settings.warehouse.resolve())
+    target = f"{warehouse}/b1_ad_counts_1m"
+    DeltaTable.createIfNotExists(spark).location(target).addColumns(
+        cast(
+            StructType,
+            StructType.fromDDL(
+                "window_start timestamp, ad_id string, campaign_id string, events long"
+            ),
+        )
+    ).execute()
+    dim = spark.read.format("delta").load(f"{warehouse}/{t.DIM_ADS}")
+    schema = "event_id string, event_type string, event_time string, ad_id string"
+    events = (
+        job.read_events(spark, settings)
+        .select(F.from_json(F.col("value").cast("string"), schema).alias("e"))
+        .select(
+            "e.event_id",
+            "e.ad_id",
+            F.to_timestamp("e.event_time", "yyyy-MM-dd'T'HH:mm:ss.SSSX").alias("event_time"),
+        )
+        .where(F.col("event_id").isNotNull() & F.col("event_time").isNotNull())
+        .withWatermark("event_time", settings.watermark_delay)
+        .dropDuplicatesWithinWatermark(["event_id"])
+        .join(F.broadcast(dim.select("ad_id", "campaign_id")), "ad_id")
+    )
+
+    def write(batch: Any, batch_id: int) -> None:
+        counts = batch.groupBy(
+            F.window("event_time", "1 minute").start.alias("window_start"), "ad_id", "campaign_id"
+        ).agg(F.count("*").alias("events"))
+        with delta_txn(spark, "adattr-bench-b1", batch_id):
+            (
+                DeltaTable.forPath(spark, target)
+                .alias("t")
+                .merge(counts.alias("s"), "t.window_start = s.window_start AND t.ad_id = s.ad_id")
+                .whenMatchedUpdate(set={"events": "t.events + s.events"})
+                .whenNotMatchedInsertAll()
+                .execute()
+            )
+
+    return (
+        events.writeStream.foreachBatch(write)
+        .option("checkpointLocation", str(settings.checkpoints / "b1"))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
+    """What a micro-batch costs apart from its data: the job with a 1 s trigger on an empty
+    topic; ``rounds`` times, ``size`` records are sent at once (their event times move the
+    watermark), Spark runs a batch for them and then, the watermark having moved, a batch with
+    no records (``noDataMicroBatches``). Each batch's time is Spark's own triggerExecution."""
+    from app.generator import GenConfig, plan_traffic, produce
+    from app.kafka_io import app_topics, ensure_topics
+    from app.settings import Settings
+    from app.spark import build_spark
+    from pipelines import job
+    from pipelines.dimension import upsert_dim_ads
+
+    settings = Settings.from_env(os.environ)
+    ensure_topics(settings.bootstrap_servers, app_topics(settings))
+    traffic = plan_traffic(
+        GenConfig.for_settings(
+            settings,
+            events=size * (rounds + 1),
+            seed=13,
+            users=100_000,
+            ads=1000,
+            malformed_ratio=0,
+            duplicate_ratio=0,
+            late_ratio=0,
+            step_ms=200,
+        )
+    )
+    spark = build_spark(settings, "adattr-bench-fixed")
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
+    upsert_dim_ads(spark, str(settings.warehouse.resolve()), traffic.dim_rows)
+    read: dict[int, int] = {}
+
+    def observe(batch_id: int, records: int, timings: dict[str, float]) -> None:
+        read[batch_id] = records
+
+    query = job.start(spark, settings, available_now=False, observer=observe)
+    records = traffic.main[: size * (rounds + 1)]
+    warm: set[int] = set()
+    for i in range(rounds + 1):  # the first round warms the job up and is not counted
+        seen = len(read)
+        chunk = records[i * size : (i + 1) * size]
+        produce(chunk, settings.bootstrap_servers, settings.input_topic, progress=False)
+        deadline = time.monotonic() + 300
+        # until the batch of these records and the no-data batch after it have both run
+        while not (sum(read.values()) >= (i + 1) * size and len(read) >= seen + 2):
+            if query.exception() is not None:
+                raise SystemExit(f"the job failed: {query.exception()}")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"round {i}: the job did not run its batches within 300 s")
+            query.awaitTermination(1)
+        if i == 0:
+            warm = set(read)
+    data: list[float] = []
+    empty: list[float] = []
+    for p in (json.loads(p.json) for p in query.recentProgress):
+        b = int(p["batchId"])
+        if b in read and b not in warm:
+            seconds = int(p["durationMs"].get("triggerExecution", 0)) / 1000
+            (data if read[b] else empty).append(seconds)
+    query.stop()
+    out.write_text(
+        json.dumps(
+            {
+                "size": size,
+                "rounds": rounds,
+                "data_batches_s": data,
+                "empty_batches_s": empty,
+                "data_median_s": statistics.median(data) if data else None,
+                "empty_median_s": statistics.median(empty) if empty else None,
+            }
+        )
+    )
 
 
 def latency_worker(rate: float, seconds: float, out: Path) -> None:
@@ -304,18 +443,16 @@ def _run_worker(env: dict[str, str], out: Path, *args: str, log: Path) -> dict[s
 
 
 def _split(steps: list[dict[str, float]]) -> dict[str, float]:
-    """Seconds per batch (median over data batches) in read+state, MERGE, Kafka, other."""
-    from pipelines import tables as t
-
-    merges = {t.BRONZE, t.QUARANTINE, t.LATE, t.SILVER, t.GOLD_1M, t.ATTRIBUTIONS, t.CTR_1H}
-    merges |= {t.SESSIONS, t.LEDGER}
+    """Seconds per batch (median over data batches) in each phase of the sink."""
     rows = []
     for s in steps[1:] or steps:
         rows.append(
             {
                 "read+state": s.get("read+state+classify", 0.0) + s.get("dim", 0.0),
-                "MERGE": sum(v for k, v in s.items() if k in merges),
+                "records (bronze..silver)": s.get("records", 0.0),
+                "gold + sessions": s.get("gold", 0.0),
                 "Kafka commit": s.get("kafka", 0.0),
+                "ledger": s.get("ledger", 0.0),
             }
         )
     return {k: statistics.median(r[k] for r in rows) for k in rows[0]} if rows else {}
@@ -393,9 +530,26 @@ def bench(base: Any, *, quick: bool, events: int | None, repeats: int | None) ->
             str(seconds),
             log=s.dir / "latency.log",
         )
+        rounds = 2 if quick else 6
+        print(f"bench: fixed cost, {rounds} rounds of 1,000 records then a batch of none ...")
+        env["ADATTR_INPUT_TOPIC"] = f"{s.settings.input_topic}-fixed"
+        env["ADATTR_OUTPUT_TOPIC"] = f"{s.settings.input_topic}-fixed-out"
+        env["ADATTR_CONTROL_TOPIC"] = f"{s.settings.input_topic}-fixed-control"
+        env["ADATTR_WAREHOUSE"] = str(s.dir / "fixed" / "warehouse")
+        env["ADATTR_CHECKPOINTS"] = str(s.dir / "fixed" / "checkpoints")
+        fixed = _run_worker(
+            env,
+            s.dir / "fixed.json",
+            "fixed",
+            "--rounds",
+            str(rounds),
+            "--size",
+            "1000",
+            log=s.dir / "fixed.log",
+        )
     finally:
         s.down()
-    summary = summarise(results, latency, n=n, reps=reps, quick=quick)
+    summary = summarise(results, latency, fixed, n=n, reps=reps, quick=quick)
     (s.dir / "result.json").write_text(json.dumps({"summary": summary, "runs": results}, indent=1))
     print_table(summary)
     chart(summary, s.dir / "bench.png")
@@ -404,7 +558,10 @@ def bench(base: Any, *, quick: bool, events: int | None, repeats: int | None) ->
 
 
 def summarise(
-    results: dict[str, list[dict[str, Any]]], latency: dict[str, Any], **meta: Any
+    results: dict[str, list[dict[str, Any]]],
+    latency: dict[str, Any],
+    fixed: dict[str, Any],
+    **meta: Any,
 ) -> dict[str, Any]:
     rates = {v: [r["events_per_s"] for r in rs] for v, rs in results.items()}
     med = {v: statistics.median(x) for v, x in rates.items()}
@@ -414,10 +571,12 @@ def summarise(
             v: {"median": med[v], "min": min(x), "max": max(x), "runs": x} for v, x in rates.items()
         },
         "ratios": {
+            "B3/B1": med["B3"] / med["B1"] if med["B1"] else None,
             "B3/B2": med["B3"] / med["B2"] if med["B2"] else None,
             "B3/B0s": med["B3"] / med["B0s"] if med["B0s"] else None,
         },
         "latency": latency,
+        "fixed_cost": fixed,
         "peak_rss_mb": {
             v: max(r.get("peak_rss_mb", 0) for r in rs) for v, rs in results.items() if v != "B0k"
         },
@@ -436,6 +595,7 @@ def print_table(summary: dict[str, Any]) -> None:
         )
     ratios = summary["ratios"]
     print(
+        f"B3/B1 (textbook peer): {ratios['B3/B1']:.2f}   "
         f"B3/B2 (cost of exactly-once): {ratios['B3/B2']:.2f}   "
         f"B3/B0 (Spark read): {ratios['B3/B0s']:.2f}"
     )
@@ -443,6 +603,15 @@ def print_table(summary: dict[str, Any]) -> None:
     print(
         f"latency at {lat['rate']:,.0f} events/s, 1 s trigger, {lat['records']:,} records: "
         f"p50 {lat['p50']:.2f}s  p95 {lat['p95']:.2f}s  p99 {lat['p99']:.2f}s"
+    )
+    fixed = summary["fixed_cost"]
+
+    def spread(xs: list[float]) -> str:
+        return f"median {statistics.median(xs):.2f}s, {min(xs):.2f}-{max(xs):.2f}s" if xs else "-"
+
+    print(
+        f"fixed cost, batch of {fixed['size']:,} records: {spread(fixed['data_batches_s'])}; "
+        f"batch of none (watermark moved): {spread(fixed['empty_batches_s'])}"
     )
     for v, split in summary["split"].items():
         parts = "  ".join(f"{k} {x:.2f}s" for k, x in split.items())
@@ -459,7 +628,13 @@ def chart(summary: dict[str, Any], path: Path) -> None:
     meds = [summary["rates"][v]["median"] for v in VARIANTS]
     lows = [m - summary["rates"][v]["min"] for v, m in zip(VARIANTS, meds, strict=True)]
     highs = [summary["rates"][v]["max"] - m for v, m in zip(VARIANTS, meds, strict=True)]
-    left.bar(VARIANTS, meds, yerr=[lows, highs], capsize=4, color=["#999", "#bbb", "#6a9", "#36c"])
+    left.bar(
+        VARIANTS,
+        meds,
+        yerr=[lows, highs],
+        capsize=4,
+        color=["#999", "#bbb", "#c93", "#6a9", "#36c"],
+    )
     left.set_yscale("log")  # a consumer loop and a full pipeline differ by orders of magnitude
     left.set_ylabel("events/s (median, range; log scale)")
     left.set_title(f"throughput, {summary['n']:,} events, {summary['reps']} repeat(s)")
@@ -487,6 +662,10 @@ def main(argv: list[str] | None = None) -> None:
     w.add_argument("variant", choices=VARIANTS)
     w.add_argument("--out", required=True)
     w.add_argument("--dim", help="dim_ads CSV to load first (B2, B3)")
+    fix = sub.add_parser("fixed")
+    fix.add_argument("--rounds", type=int, required=True)
+    fix.add_argument("--size", type=int, required=True)
+    fix.add_argument("--out", required=True)
     lat = sub.add_parser("latency")
     lat.add_argument("--rate", type=float, required=True)
     lat.add_argument("--seconds", type=float, required=True)
@@ -494,6 +673,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.what == "worker":
         worker(args.variant, Path(args.out), Path(args.dim) if args.dim else None)
+    elif args.what == "fixed":
+        fixed_cost_worker(args.rounds, args.size, Path(args.out))
     else:
         latency_worker(args.rate, args.seconds, Path(args.out))
 

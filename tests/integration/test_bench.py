@@ -26,7 +26,7 @@ def test_quick_bench_reports_every_variant(kafka_bootstrap: str, tmp_path: Path)
     results = list((tmp_path / "data" / "bench").glob("*/result.json"))
     assert len(results) == 1
     summary = json.loads(results[0].read_text())["summary"]
-    for variant in ("B0s", "B0k", "B2", "B3"):
+    for variant in ("B0s", "B0k", "B1", "B2", "B3"):
         assert summary["rates"][variant]["median"] > 0, variant
     runs = json.loads(results[0].read_text())["runs"]
     # Every record of the topic was read by every variant (4,000 plus duplicates, no loss).
@@ -34,5 +34,7 @@ def test_quick_bench_reports_every_variant(kafka_bootstrap: str, tmp_path: Path)
     assert len(set(totals.values())) == 1 and totals["B3"] >= 4000, totals
     assert summary["latency"]["records"] > 0
     assert summary["latency"]["p50"] <= summary["latency"]["p99"]
+    fixed = summary["fixed_cost"]
+    assert len(fixed["data_batches_s"]) >= 2 and fixed["empty_batches_s"], fixed
     assert (results[0].parent / "bench.png").stat().st_size > 10_000
-    assert "B3/B2 (cost of exactly-once)" in done.stdout
+    assert "B3/B1 (textbook peer)" in done.stdout and "B3/B2 (cost of exactly-once)" in done.stdout
