@@ -458,6 +458,21 @@ def _split(steps: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in rows) for k in rows[0]} if rows else {}
 
 
+def _run_env(s: Any, run: str, *, own_input: bool = False) -> dict[str, str]:
+    """The environment of one measured run: its own tables, checkpoints and output topics, and
+    (latency and fixed cost: they produce as they go) its own input topic, uncapped."""
+    topic = s.settings.input_topic
+    env = {**os.environ, **s.overrides}
+    env["ADATTR_WAREHOUSE"] = str(s.dir / run / "warehouse")
+    env["ADATTR_CHECKPOINTS"] = str(s.dir / run / "checkpoints")
+    env["ADATTR_OUTPUT_TOPIC"] = f"{topic}-{run}-out"
+    env["ADATTR_CONTROL_TOPIC"] = f"{topic}-{run}-control"
+    if own_input:
+        env["ADATTR_INPUT_TOPIC"] = f"{topic}-{run}"
+        env["ADATTR_MAX_OFFSETS_PER_TRIGGER"] = "0"
+    return env
+
+
 def bench(base: Any, *, quick: bool, events: int | None, repeats: int | None) -> int:
     from app.dim_csv import write_dim_csv
     from app.drills import Stack, chunks_of
@@ -491,11 +506,7 @@ def bench(base: Any, *, quick: bool, events: int | None, repeats: int | None) ->
         for rep in range(reps):
             for variant in order:
                 run = f"{variant}-{rep + 1}"
-                env = {**os.environ, **s.overrides}
-                env["ADATTR_WAREHOUSE"] = str(s.dir / run / "warehouse")
-                env["ADATTR_CHECKPOINTS"] = str(s.dir / run / "checkpoints")
-                env["ADATTR_OUTPUT_TOPIC"] = f"{s.settings.input_topic}-{run}-out"
-                env["ADATTR_CONTROL_TOPIC"] = f"{s.settings.input_topic}-{run}-control"
+                env = _run_env(s, run)
                 env["ADATTR_DELIVERY"] = "at-least-once" if variant == "B2" else "exactly-once"
                 print(f"bench: run {rep + 1}/{reps} {LABELS[variant]} ...", end="", flush=True)
                 r = _run_worker(
@@ -516,10 +527,7 @@ def bench(base: Any, *, quick: bool, events: int | None, repeats: int | None) ->
         print(
             f"bench: latency at {rate:,} events/s (50% of B3) for {seconds:.0f}s, 1 s trigger ..."
         )
-        env = {**os.environ, **s.overrides, "ADATTR_MAX_OFFSETS_PER_TRIGGER": "0"}
-        env["ADATTR_INPUT_TOPIC"] = f"{s.settings.input_topic}-latency"
-        env["ADATTR_WAREHOUSE"] = str(s.dir / "latency" / "warehouse")
-        env["ADATTR_CHECKPOINTS"] = str(s.dir / "latency" / "checkpoints")
+        env = _run_env(s, "latency", own_input=True)
         latency = _run_worker(
             env,
             s.dir / "latency.json",
@@ -532,11 +540,7 @@ def bench(base: Any, *, quick: bool, events: int | None, repeats: int | None) ->
         )
         rounds = 2 if quick else 6
         print(f"bench: fixed cost, {rounds} rounds of 1,000 records then a batch of none ...")
-        env["ADATTR_INPUT_TOPIC"] = f"{s.settings.input_topic}-fixed"
-        env["ADATTR_OUTPUT_TOPIC"] = f"{s.settings.input_topic}-fixed-out"
-        env["ADATTR_CONTROL_TOPIC"] = f"{s.settings.input_topic}-fixed-control"
-        env["ADATTR_WAREHOUSE"] = str(s.dir / "fixed" / "warehouse")
-        env["ADATTR_CHECKPOINTS"] = str(s.dir / "fixed" / "checkpoints")
+        env = _run_env(s, "fixed", own_input=True)
         fixed = _run_worker(
             env,
             s.dir / "fixed.json",

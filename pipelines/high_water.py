@@ -85,10 +85,17 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
         .first()
     )
     assert ledger is not None
-    silver = load(t.SILVER)
-    foreign_silver = not silver.where(F.col("generation") != generation).isEmpty()
-    silver_exclusive = silver.isEmpty() or (
-        ledger.mine is not None and ledger.others == 0 and not foreign_silver
+    silver = (
+        load(t.SILVER)
+        .agg(
+            F.count("*").alias("rows"),
+            F.count(F.when(F.col("generation") != generation, 1)).alias("foreign"),
+        )
+        .first()
+    )
+    assert silver is not None
+    silver_exclusive = silver.rows == 0 or (
+        ledger.mine is not None and ledger.others == 0 and silver.foreign == 0
     )
     sessions = load(t.SESSIONS).agg(F.expr("unix_millis(max(session_end))")).first()
     return HighWater(
