@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -274,9 +275,11 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
     upsert_dim_ads(spark, str(settings.warehouse.resolve()), traffic.dim_rows)
     read: dict[int, int] = {}
+    steps: dict[int, dict[str, float]] = {}
 
     def observe(batch_id: int, records: int, timings: dict[str, float]) -> None:
         read[batch_id] = records
+        steps[batch_id] = timings
 
     query = job.start(spark, settings, available_now=False, observer=observe)
     records = traffic.main[: size * (rounds + 1)]
@@ -297,11 +300,14 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
             warm = set(read)
     data: list[float] = []
     empty: list[float] = []
+    data_steps: list[dict[str, float]] = []
+    empty_steps: list[dict[str, float]] = []
     for p in (json.loads(p.json) for p in query.recentProgress):
         b = int(p["batchId"])
         if b in read and b not in warm:
             seconds = int(p["durationMs"].get("triggerExecution", 0)) / 1000
             (data if read[b] else empty).append(seconds)
+            (data_steps if read[b] else empty_steps).append(steps[b])
     query.stop()
     out.write_text(
         json.dumps(
@@ -312,9 +318,17 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
                 "empty_batches_s": empty,
                 "data_median_s": statistics.median(data) if data else None,
                 "empty_median_s": statistics.median(empty) if empty else None,
+                # the sink's own phases, median per batch (the rest is Spark's, around it)
+                "data_split_s": _median_steps(data_steps),
+                "empty_split_s": _median_steps(empty_steps),
             }
         )
     )
+
+
+def _median_steps(steps: list[dict[str, float]]) -> dict[str, float]:
+    names = {k for s in steps for k in s}
+    return {k: round(statistics.median(s.get(k, 0.0) for s in steps), 3) for k in sorted(names)}
 
 
 def latency_worker(rate: float, seconds: float, out: Path) -> None:
@@ -473,54 +487,30 @@ def _run_env(s: Any, run: str, *, own_input: bool = False) -> dict[str, str]:
     return env
 
 
-def bench(base: Any, *, quick: bool, events: int | None, repeats: int | None) -> int:
-    from app.dim_csv import write_dim_csv
-    from app.drills import Stack, chunks_of
-    from app.generator import GenConfig, plan_traffic
+def bench(
+    base: Any, *, quick: bool, events: int | None, repeats: int | None, only_fixed: bool = False
+) -> int:
+    from app.drills import Stack
 
     n = events or (4_000 if quick else 200_000)
     reps = repeats or (1 if quick else 3)
     batch = max(1000, n // (2 if quick else 8))
+    rounds = 2 if quick else 6
     s = Stack(base, "bench", events=n, seed=3, batch=batch, root="bench")
-    print(f"bench: {n:,} events, {reps} repeat(s); results under {s.dir}", flush=True)
     s.up()
     try:
         s.overrides["ADATTR_TRIGGER_INTERVAL"] = "1 second"
         for key in ("WATERMARK_DELAY", "ATTRIBUTION_LOOKBACK", "SESSION_GAP", "SHUFFLE_PARTITIONS"):
             s.overrides.pop(f"ADATTR_{key}", None)  # the shipped defaults
-        cfg = GenConfig(events=n, seed=3, users=100_000, ads=1000, malformed_ratio=0, step_ms=2)
-        traffic = plan_traffic(cfg)
-        records = traffic.main + traffic.tail  # the late ones last, behind the watermark
-        sizes = [len(v) for _, v in records[:1000]]
-        print(
-            f"bench: preloading {len(records):,} records ({len(traffic.tail)} late; mean value "
-            f"{statistics.mean(sizes):.0f} B), {batch:,} per micro-batch",
-            flush=True,
-        )
-        for part in chunks_of(records, 10):
-            s.produce(part)
-        dim_csv = s.dir / "dim.csv"
-        write_dim_csv(dim_csv, traffic.dim_rows)
-        results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
-        order = list(VARIANTS)
-        for rep in range(reps):
-            for variant in order:
-                run = f"{variant}-{rep + 1}"
-                env = _run_env(s, run)
-                env["ADATTR_DELIVERY"] = "at-least-once" if variant == "B2" else "exactly-once"
-                print(f"bench: run {rep + 1}/{reps} {LABELS[variant]} ...", end="", flush=True)
-                r = _run_worker(
-                    env,
-                    s.dir / f"{run}.json",
-                    "worker",
-                    variant,
-                    "--dim",
-                    str(dim_csv),
-                    log=s.dir / f"{run}.log",
-                )
-                results[variant].append(r)
-                print(f" {r['events_per_s']:,.0f} events/s ({r['records_total']:,} records)")
-            order.reverse()
+        if only_fixed:
+            print(f"bench: fixed cost only; results under {s.dir}", flush=True)
+            fixed = _fixed_cost(s, rounds)
+            (s.dir / "result.json").write_text(json.dumps({"fixed_cost": fixed}, indent=1))
+            print_fixed(fixed)
+            print(f"bench: wrote {s.dir / 'result.json'}")
+            return 0
+        print(f"bench: {n:,} events, {reps} repeat(s); results under {s.dir}", flush=True)
+        results = _throughput(s, n, reps, batch)
         b3 = statistics.median(r["events_per_s"] for r in results["B3"])
         rate = round(b3 * 0.5)
         seconds = 15.0 if quick else 90.0
@@ -538,19 +528,7 @@ def bench(base: Any, *, quick: bool, events: int | None, repeats: int | None) ->
             str(seconds),
             log=s.dir / "latency.log",
         )
-        rounds = 2 if quick else 6
-        print(f"bench: fixed cost, {rounds} rounds of 1,000 records then a batch of none ...")
-        env = _run_env(s, "fixed", own_input=True)
-        fixed = _run_worker(
-            env,
-            s.dir / "fixed.json",
-            "fixed",
-            "--rounds",
-            str(rounds),
-            "--size",
-            "1000",
-            log=s.dir / "fixed.log",
-        )
+        fixed = _fixed_cost(s, rounds)
     finally:
         s.down()
     summary = summarise(results, latency, fixed, n=n, reps=reps, quick=quick)
@@ -559,6 +537,62 @@ def bench(base: Any, *, quick: bool, events: int | None, repeats: int | None) ->
     chart(summary, s.dir / "bench.png")
     print(f"bench: wrote {s.dir / 'result.json'} and {s.dir / 'bench.png'}")
     return 0
+
+
+def _throughput(s: Any, n: int, reps: int, batch: int) -> dict[str, list[dict[str, Any]]]:
+    """Every variant over the same preloaded topic, ``reps`` times, alternating the order."""
+    from app.dim_csv import write_dim_csv
+    from app.drills import chunks_of
+    from app.generator import GenConfig, plan_traffic
+
+    cfg = GenConfig(events=n, seed=3, users=100_000, ads=1000, malformed_ratio=0, step_ms=2)
+    traffic = plan_traffic(cfg)
+    records = traffic.main + traffic.tail  # the late ones last, behind the watermark
+    sizes = [len(v) for _, v in records[:1000]]
+    print(
+        f"bench: preloading {len(records):,} records ({len(traffic.tail)} late; mean value "
+        f"{statistics.mean(sizes):.0f} B), {batch:,} per micro-batch",
+        flush=True,
+    )
+    for part in chunks_of(records, 10):
+        s.produce(part)
+    dim_csv = s.dir / "dim.csv"
+    write_dim_csv(dim_csv, traffic.dim_rows)
+    results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+    order = list(VARIANTS)
+    for rep in range(reps):
+        for variant in order:
+            run = f"{variant}-{rep + 1}"
+            env = _run_env(s, run)
+            env["ADATTR_DELIVERY"] = "at-least-once" if variant == "B2" else "exactly-once"
+            print(f"bench: run {rep + 1}/{reps} {LABELS[variant]} ...", end="", flush=True)
+            r = _run_worker(
+                env,
+                s.dir / f"{run}.json",
+                "worker",
+                variant,
+                "--dim",
+                str(dim_csv),
+                log=s.dir / f"{run}.log",
+            )
+            results[variant].append(r)
+            print(f" {r['events_per_s']:,.0f} events/s ({r['records_total']:,} records)")
+        order.reverse()
+    return results
+
+
+def _fixed_cost(s: Any, rounds: int) -> dict[str, Any]:
+    print(f"bench: fixed cost, {rounds} rounds of 1,000 records then a batch of none ...")
+    return _run_worker(
+        _run_env(s, "fixed", own_input=True),
+        s.dir / "fixed.json",
+        "fixed",
+        "--rounds",
+        str(rounds),
+        "--size",
+        "1000",
+        log=s.dir / "fixed.log",
+    )
 
 
 def summarise(
@@ -608,8 +642,13 @@ def print_table(summary: dict[str, Any]) -> None:
         f"latency at {lat['rate']:,.0f} events/s, 1 s trigger, {lat['records']:,} records: "
         f"p50 {lat['p50']:.2f}s  p95 {lat['p95']:.2f}s  p99 {lat['p99']:.2f}s"
     )
-    fixed = summary["fixed_cost"]
+    print_fixed(summary["fixed_cost"])
+    for v, split in summary["split"].items():
+        parts = "  ".join(f"{k} {x:.2f}s" for k, x in split.items())
+        print(f"{v} per batch (median): {parts}")
 
+
+def print_fixed(fixed: dict[str, Any]) -> None:
     def spread(xs: list[float]) -> str:
         return f"median {statistics.median(xs):.2f}s, {min(xs):.2f}-{max(xs):.2f}s" if xs else "-"
 
@@ -617,9 +656,10 @@ def print_table(summary: dict[str, Any]) -> None:
         f"fixed cost, batch of {fixed['size']:,} records: {spread(fixed['data_batches_s'])}; "
         f"batch of none (watermark moved): {spread(fixed['empty_batches_s'])}"
     )
-    for v, split in summary["split"].items():
+    for kind in ("data", "empty"):
+        split = fixed.get(f"{kind}_split_s") or {}
         parts = "  ".join(f"{k} {x:.2f}s" for k, x in split.items())
-        print(f"{v} per batch (median): {parts}")
+        print(f"  {kind} batch, sink phases (median): {parts}")
 
 
 def chart(summary: dict[str, Any], path: Path) -> None:
@@ -661,6 +701,10 @@ def chart(summary: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m app.bench")
+    # The job's own per-batch lines (phases and tables) land in the run's log file.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for noisy in ("py4j", "pyspark"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     sub = parser.add_subparsers(dest="what", required=True)
     w = sub.add_parser("worker")
     w.add_argument("variant", choices=VARIANTS)

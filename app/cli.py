@@ -320,7 +320,13 @@ def cmd_drill(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     from app.bench import bench
 
-    return bench(settings, quick=args.quick, events=args.events, repeats=args.repeats)
+    return bench(
+        settings,
+        quick=args.quick,
+        events=args.events,
+        repeats=args.repeats,
+        only_fixed=args.fixed_only,
+    )
 
 
 def cmd_quality(args: argparse.Namespace, settings: Settings) -> int:
@@ -517,6 +523,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("--quick", action="store_true", help="4,000 events, 1 repeat (CI)")
     bench_cmd.add_argument("--events", type=int, help="records preloaded (default 200,000)")
     bench_cmd.add_argument("--repeats", type=int, help="runs of each variant (default 3)")
+    bench_cmd.add_argument(
+        "--fixed-only",
+        action="store_true",
+        help="only the fixed cost of a 1,000-record batch and of a batch of none",
+    )
     add(
         "quality",
         cmd_quality,
