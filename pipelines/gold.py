@@ -201,3 +201,36 @@ def user_sessions(events: DataFrame, *, gap_seconds: int) -> DataFrame:
             "revenue",
         )
     )
+
+
+def recomputed_or_current(
+    recomputed: DataFrame | None,
+    current: DataFrame | None,
+    *,
+    keys: tuple[str, ...],
+    values: tuple[str, ...],
+    emptied: Column | None = None,
+    zeros: dict[str, Column] | None = None,
+) -> DataFrame:
+    """One row per key, the rows a gold MERGE sets: the ``recomputed`` row where there is one,
+    else the table's ``current`` row (one due to be finalised), with ``zeros`` in place of
+    its columns where ``emptied`` (over its columns) holds: a window the recomputation no
+    longer produces. Either side may be None, not both."""
+    if current is None or recomputed is None:
+        either = current if recomputed is None else recomputed
+        assert either is not None, "a MERGE source needs recomputed or current rows"
+        return either.select(*keys, *values)
+    x = current.select(
+        *[F.col(c).alias(f"_x_{c}") for c in (*keys, *values)],
+        (F.lit(False) if emptied is None else emptied).alias("_x_emptied"),
+    )
+    r = recomputed.select(*keys, *values).withColumn("_r", F.lit(True))
+    joined = r.join(x, [r[k] == x[f"_x_{k}"] for k in keys], "full_outer")
+    here = F.col("_r").isNotNull()
+    columns = [F.when(here, F.col(k)).otherwise(F.col(f"_x_{k}")).alias(k) for k in keys]
+    for v in values:
+        fallback = F.col(f"_x_{v}")
+        if zeros and v in zeros:
+            fallback = F.when(F.col("_x_emptied"), zeros[v]).otherwise(fallback)
+        columns.append(F.when(here, F.col(v)).otherwise(fallback).alias(v))
+    return joined.select(*columns)

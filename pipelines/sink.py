@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -44,6 +44,7 @@ from pipelines.gold import (
     ATTRIBUTION_COLUMNS,
     attribute,
     campaign_ctr,
+    recomputed_or_current,
     reopened,
     user_sessions,
     window_metrics,
@@ -95,6 +96,20 @@ class SinkContext:
     observer: Callable[[int, int, dict[str, float]], None] | None = None
 
 
+@dataclass(frozen=True)
+class Merge:
+    """One gold table's keyed MERGE: its source rows, their key and time columns, and what a
+    matched row gets (None: every column)."""
+
+    name: str
+    source: DataFrame
+    keys: tuple[str, ...]
+    time_column: str
+    update: dict[str, str | Column] | None
+    update_condition: str | None = None
+    bounds: tuple[int, int] | None = None
+
+
 class StepTimer:
     """Wall time per named step of a batch (for the log line and the benchmark's time split)."""
 
@@ -108,7 +123,7 @@ class StepTimer:
         self.steps[name] = self.steps.get(name, 0.0) + now - self._last
         self._last = now
 
-    def timed(self, name: str, write: Callable[[], None]) -> Callable[[], None]:
+    def timed(self, name: str, write: Callable[[], object]) -> Callable[[], None]:
         """``write``, noting its own duration as ``name`` (writes run in threads: the phases
         around them are marked with their wall time)."""
 
@@ -182,7 +197,8 @@ class AttributionSink:
         self.versions = {}
         meta = read_batch_meta(self.ctx.checkpoint, batch_id)
         previous = read_batch_meta(self.ctx.checkpoint, batch_id - 1) if batch_id > 0 else None
-        if self.high_water is None:  # the run's first batch, before it writes anything
+        first_of_run = self.high_water is None
+        if first_of_run:  # before the run writes anything
             self.high_water = read_high_water(
                 self.spark, self.ctx.warehouse, self.ctx.app_id, self.ctx.generation
             )
@@ -232,7 +248,9 @@ class AttributionSink:
             )
             disarm()
             self.timer.mark("read+state+classify")
-            self._write(rows, stats, batch_id, meta, previous, dim_version, started_ms)
+            self._write(
+                rows, stats, batch_id, meta, previous, dim_version, started_ms, first_of_run
+            )
         finally:
             rows.unpersist()
             batch_df.unpersist()
@@ -249,6 +267,7 @@ class AttributionSink:
         previous: BatchMeta | None,
         dim_version: int,
         started_ms: int,
+        first_of_run: bool,
     ) -> None:
         ranges: dict[tuple[str, int], list[int]] = {}
         counts: dict[str, int] = {}
@@ -325,18 +344,17 @@ class AttributionSink:
         w_prev = previous.watermark_ms if previous is not None else 0
         advanced = meta.watermark_ms > w_prev
 
-        def attribution_chain() -> None:
-            reattributed = self._update_attributions(
-                rows if accepted else None, batch_id, meta.watermark_ms, advanced, counts
+        wm = meta.watermark_ms
+        gold: list[Callable[[], None]] = []
+        if accepted or advanced:
+            gold.append(
+                self.timer.timed(
+                    "attributions+1m+ctr",
+                    lambda: self._update_gold(
+                        rows if accepted else None, span, batch_id, w_prev, wm, counts
+                    ),
+                )
             )
-            gold_span = _cover(span, reattributed)
-            chain["wrote_gold"] = gold_span is not None or advanced
-            if chain["wrote_gold"]:
-                self._update_gold(batch_id, meta.watermark_ms, gold_span)
-                self._update_ctr(batch_id, meta.watermark_ms, gold_span)
-
-        chain: dict[str, bool] = {}
-        gold = [self.timer.timed("attribution+1m+ctr", attribution_chain)]
         if advanced:
             sessions_fresh = hw.sessions_fresh(w_prev)
             gold.append(
@@ -351,7 +369,14 @@ class AttributionSink:
         self.timer.mark("gold")
 
         crash_point(self.ctx.crash_at, "after_delta_before_kafka")
-        kafka_outcome = self._publish(batch_id, wrote_gold=chain["wrote_gold"])
+        # A gold MERGE without source rows commits nothing, so this execution's commits say
+        # what there is to publish; except in a run's first batch, which may re-execute a batch
+        # whose gold rows an earlier execution committed (and did not publish): then the
+        # published tables are searched for the batch's rows whatever this execution wrote.
+        wrote_gold = bool(PUBLISHED.keys() & self.versions.keys()) or (
+            first_of_run and (bool(accepted) or advanced)
+        )
+        kafka_outcome = self._publish(batch_id, wrote_gold=wrote_gold)
         crash_point(self.ctx.crash_at, "after_kafka_before_ledger")
         self.last_counts = " ".join(f"{k}={v:,}" for k, v in sorted(counts.items()))
         offsets = [(tp, p, lo, hi, n) for (tp, p), (lo, hi, n) in sorted(ranges.items())]
@@ -515,31 +540,33 @@ class AttributionSink:
             {"generation": F.lit(self.ctx.generation), "batch_id": F.lit(batch_id).cast("long")}
         )
 
-    def _update_attributions(
+    def _attribution_source(
         self,
         rows: DataFrame | None,
         batch_id: int,
+        w_prev: int,
         watermark_ms: int,
-        advanced: bool,
         counts: dict[str, int],
-    ) -> tuple[int, int] | None:
-        """(Re)attributes the conversions this batch can have changed and returns their
-        conversion-time span: its new conversions, and the pending (not final) ones that one of
-        its new clicks now precedes within the lookback, so a click that arrives after its
-        conversion gives the answer event-time order would have. A final attribution is never
-        touched: its conversion time is at or behind the watermark, so no click that could
-        precede it can be accepted any more."""
-        from delta.tables import DeltaTable
-
+    ) -> tuple[Merge | None, tuple[int, int] | None]:
+        """The attributions MERGE (None: nothing to write) and the conversion-time span of the
+        conversions this batch (re)attributes: its new conversions, and the pending (not final)
+        ones that one of its new clicks now precedes within the lookback, so a click that
+        arrives after its conversion gives the answer event-time order would have. A final
+        attribution is never touched: its conversion time is at or behind the watermark, so no
+        click that could precede it can be accepted any more. Those the watermark passed in
+        this batch become final."""
+        if rows is None and watermark_ms <= w_prev:
+            return None, None  # no new conversion, nothing became final
         lookback = self.ctx.lookback_seconds
         span = None
-        source = None
+        recomputed = None
         affected = None
         if rows is not None:
             new = rows.where(F.col("outcome") == ACCEPTED)
+            # Every attribution at or behind the previous watermark is final (see _due).
             pending = (
                 self._load(t.ATTRIBUTIONS)
-                .where(~F.col("is_final"))
+                .where(~F.col("is_final") & _after("conversion_time", w_prev))
                 .select(
                     F.col("conversion_id").alias("event_id"),
                     F.col("conversion_time").alias("event_time"),
@@ -579,138 +606,215 @@ class AttributionSink:
                     )
                     .join(affected.select("user_id").distinct(), "user_id", "left_semi")
                 )
-                source = attribute(affected, clicks, lookback_seconds=lookback)
-        if source is None and not advanced:
+                recomputed = attribute(affected, clicks, lookback_seconds=lookback)
+        try:
+            keys = ("conversion_id",)
+            due = self._due(t.ATTRIBUTIONS, "conversion_time", w_prev, watermark_ms)
+            if recomputed is None and due is None:
+                return None, span
+            source = self._final(
+                recomputed_or_current(recomputed, due, keys=keys, values=ATTRIBUTION_COLUMNS[1:]),
+                "conversion_time",
+                watermark_ms,
+                batch_id,
+            )
+            merge = self._prepared(
+                Merge(
+                    t.ATTRIBUTIONS,
+                    source,
+                    keys=keys,
+                    time_column="conversion_time",
+                    update=None,  # every column; a final attribution stays as it is
+                    update_condition="NOT t.is_final",
+                ),
+                counts,
+            )
+        finally:
             if affected is not None:
                 affected.unpersist()
+        return merge, span
+
+    def _due(
+        self,
+        name: str,
+        end: str,
+        w_prev: int,
+        w_cur: int,
+        also: Column | None = None,
+    ) -> DataFrame | None:
+        """The table's rows that are not final but whose end this batch's watermark passed,
+        (w_prev, w_cur] (or any of ``also``); None when there can be none. Every row ending at
+        or before the previous watermark is final already: the batch that moved the watermark
+        past it wrote it final or finalised it (a replay's first batch has w_prev = 0: the
+        whole table). So a batch reads, and rewrites, only the files of the rows it changes."""
+        if w_cur <= w_prev and also is None:
             return None
-        if source is None:
-            source = self.spark.createDataFrame([], t.schema(t.ATTRIBUTIONS)).select(
-                *ATTRIBUTION_COLUMNS
-            )
-        watermark = f"timestamp_millis({watermark_ms})"
-        source = self._provenance(
-            source.withColumn("is_final", F.col("conversion_time") <= F.expr(watermark)), batch_id
-        )
-        with self._txn(batch_id):
-            (
-                DeltaTable.forPath(self.spark, self.path(t.ATTRIBUTIONS))
-                .alias("t")
-                .merge(source.alias("s"), "t.conversion_id = s.conversion_id")
-                .whenMatchedUpdateAll(condition="NOT t.is_final")
-                .whenNotMatchedInsertAll()
-                .whenNotMatchedBySourceUpdate(
-                    condition=f"NOT t.is_final AND t.conversion_time <= {watermark}",
-                    set=self._stamped({"is_final": "true"}, batch_id),
-                )
-                .execute()
-            )
-        if affected is not None:
-            affected.unpersist()
-        self._committed(t.ATTRIBUTIONS)
-        return span
+        due = _after(end, w_prev) & ~_after(end, w_cur)
+        return self._load(name).where(~F.col("is_final") & (due if also is None else due | also))
 
-    def _update_gold(self, batch_id: int, watermark_ms: int, span: tuple[int, int] | None) -> None:
-        """Recomputes the 1-minute windows of the span from silver and the attributions, and
-        marks windows final once the watermark has passed their end. A window of the span that
-        the recomputation no longer produces (its only conversion was re-attributed to another
-        ad) is deleted."""
+    def _final(self, source: DataFrame, end: str, watermark_ms: int, batch_id: int) -> DataFrame:
+        """A gold MERGE source with is_final (the watermark has passed the row's end) and the
+        batch's stamp."""
+        final = F.col(end) <= F.timestamp_millis(F.lit(watermark_ms))
+        return self._provenance(source.withColumn("is_final", final), batch_id)
+
+    def _prepared(
+        self, merge: Merge, counts: dict[str, int], bounds: tuple[int, int] | None = None
+    ) -> Merge | None:
+        """The MERGE with the time bounds of its source: ``bounds`` when the caller knows them
+        (a recomputation, never empty), else the source's own, read from it once it is cached;
+        None when it has no rows (then nothing is committed: on any execution of the batch, the
+        same)."""
+        if bounds is not None:
+            return replace(merge, bounds=bounds)
+        started = time.monotonic()
+        source = merge.source.persist(StorageLevel.MEMORY_AND_DISK)
+        found = source.agg(
+            F.count("*").alias("n"),
+            F.expr(f"unix_millis(min({merge.time_column}))").alias("lo"),
+            F.expr(f"unix_millis(max({merge.time_column}))").alias("hi"),
+        ).first()
+        self.timer.tables[f"{merge.name}:source"] = time.monotonic() - started
+        if found is None or not found.n:
+            source.unpersist()
+            return None
+        counts[f"{merge.name}_rows"] = int(found.n)
+        return replace(merge, source=source, bounds=(int(found.lo), int(found.hi)))
+
+    def _merge_gold(self, merge: Merge, batch_id: int) -> None:
+        """One keyed MERGE of a gold table, with Delta's txn ids: the source rows are set, never
+        added to. The condition also bounds the target to the source's time range (a row's key
+        fixes its time, so no row outside it can match): Delta reads and rewrites only the
+        files that can hold a matching row."""
         from delta.tables import DeltaTable
 
-        watermark = f"timestamp_millis({watermark_ms})"
-        if span is None:
-            source = self.spark.createDataFrame([], t.schema(t.GOLD_1M)).drop(
-                "is_final", "generation", "batch_id"
-            )
-            in_span = "false"
-        else:
-            lo, hi = _minute(span[0]), _minute(span[1]) + MINUTE_MS
-            in_span = (
-                f"t.window_start >= timestamp_millis({lo}) "
-                f"AND t.window_start < timestamp_millis({hi})"
-            )
-            source = window_metrics(
-                self._load(t.SILVER).where(_time_between("event_time", lo, hi)),
-                self._load(t.ATTRIBUTIONS).where(_time_between("conversion_time", lo, hi)),
-            )
-        source = self._provenance(
-            source.withColumn("is_final", F.col("window_end") <= F.expr(watermark)), batch_id
+        assert merge.bounds is not None, "a prepared MERGE"
+        started = time.monotonic()
+        lo, hi = merge.bounds
+        condition = " AND ".join(f"t.{k} = s.{k}" for k in merge.keys) + (
+            f" AND t.{merge.time_column} BETWEEN timestamp_millis({lo}) AND timestamp_millis({hi})"
         )
-        with self._txn(batch_id):
-            (
-                DeltaTable.forPath(self.spark, self.path(t.GOLD_1M))
-                .alias("t")
-                .merge(source.alias("s"), "t.window_start = s.window_start AND t.ad_id = s.ad_id")
-                .whenMatchedUpdate(set=_update_keeping_final(t.GOLD_1M))
-                .whenNotMatchedInsertAll()
-                # Emptied (its only conversion went to another ad): zero, not deleted, so the
-                # change is a row like any other (found again, published as a zero update).
-                .whenNotMatchedBySourceUpdate(
-                    condition=f"NOT t.is_final AND {in_span}",
-                    set=self._stamped(
-                        {
-                            **{n: "0" for n in ("impressions", "clicks", "conversions")},
-                            "spend": "CAST(0 AS DECIMAL(24,9))",
-                            "revenue": "CAST(0 AS DECIMAL(24,6))",
-                            "is_final": f"t.window_end <= {watermark}",
-                        },
-                        batch_id,
-                    ),
-                )
-                .whenNotMatchedBySourceUpdate(
-                    condition=f"NOT t.is_final AND t.window_end <= {watermark}",
-                    set=self._stamped({"is_final": "true"}, batch_id),
-                )
-                .execute()
-            )
-        self._committed(t.GOLD_1M)
-
-    def _update_ctr(self, batch_id: int, watermark_ms: int, span: tuple[int, int] | None) -> None:
-        """Recomputes the sliding hours that contain a minute of the span, from the 1-minute
-        windows just written."""
-        from delta.tables import DeltaTable
-
-        watermark = f"timestamp_millis({watermark_ms})"
-        if span is None:
-            source = self.spark.createDataFrame([], t.schema(t.CTR_1H)).drop(
-                "is_final", "generation", "batch_id"
-            )
-            scope = "false"
+        builder = (
+            DeltaTable.forPath(self.spark, self.path(merge.name))
+            .alias("t")
+            .merge(merge.source.alias("s"), condition)
+        )
+        if merge.update is None:
+            builder = builder.whenMatchedUpdateAll(condition=merge.update_condition)
         else:
+            builder = builder.whenMatchedUpdate(condition=merge.update_condition, set=merge.update)
+        with self._txn(batch_id):
+            builder.whenNotMatchedInsertAll().execute()
+        self._committed(merge.name)
+        self.timer.tables[f"{merge.name}:merge"] = time.monotonic() - started
+
+    def _update_gold(
+        self,
+        rows: DataFrame | None,
+        span: tuple[int, int] | None,
+        batch_id: int,
+        w_prev: int,
+        watermark_ms: int,
+        counts: dict[str, int],
+    ) -> None:
+        """The attributions, the 1-minute windows (which count attributed conversions) and the
+        sliding hours (sums of 1-minute windows), in that order: recomputed where the batch's
+        events can have changed them, finalised where the watermark passed their end. (Run
+        at once, from sources that anticipate each other's results, they took longer here: on
+        two cores their jobs only queue behind each other.)"""
+        attributions, reattributed = self._attribution_source(
+            rows, batch_id, w_prev, watermark_ms, counts
+        )
+        self._run(attributions, batch_id)
+        span = _cover(span, reattributed)
+        if span is None and watermark_ms <= w_prev:
+            return
+        minute_keys = ("window_start", "ad_id")
+        minute_rows = self._minute_windows(w_prev, watermark_ms, span)
+        if minute_rows is not None:
+            lo, hi = (_minute(span[0]), _minute(span[1]) + MINUTE_MS) if span else (0, 0)
+            minutes = Merge(
+                t.GOLD_1M,
+                self._final(minute_rows, "window_end", watermark_ms, batch_id),
+                keys=minute_keys,
+                time_column="window_start",
+                update=_update_keeping_final(t.GOLD_1M),
+            )
+            bounds = _widen((lo, hi), w_prev, watermark_ms, MINUTE_MS) if span else None
+            self._run(self._prepared(minutes, counts, bounds), batch_id)
+        hours = None
+        first = last = 0
+        if span is not None:
             # The windows containing minute m start in (m - 1 hour, m], on 5-minute boundaries.
             first = (_minute(span[0]) - HOUR_MS) // SLIDE_MS * SLIDE_MS + SLIDE_MS
             last = _minute(span[1]) // SLIDE_MS * SLIDE_MS
-            minutes = self._load(t.GOLD_1M).where(
-                _time_between("window_start", first, last + HOUR_MS)
-            )
-            source = campaign_ctr(minutes).where(
-                _time_between("window_start", first, last + SLIDE_MS)
-            )
-            scope = (
-                f"t.window_start >= timestamp_millis({first}) "
-                f"AND t.window_start <= timestamp_millis({last})"
-            )
-        source = self._provenance(
-            source.withColumn("is_final", F.col("window_end") <= F.expr(watermark)), batch_id
+            hours = campaign_ctr(
+                self._load(t.GOLD_1M).where(_time_between("window_start", first, last + HOUR_MS))
+            ).where(_time_between("window_start", first, last + SLIDE_MS))
+        due_hours = self._due(t.CTR_1H, "window_end", w_prev, watermark_ms)
+        if hours is None and due_hours is None:
+            return
+        hour_keys = ("window_start", "campaign_id")
+        hour_values = tuple(c for c in t.columns(t.CTR_1H) if c not in {*hour_keys, *_DERIVED})
+        hour_merge = Merge(
+            t.CTR_1H,
+            self._final(
+                recomputed_or_current(hours, due_hours, keys=hour_keys, values=hour_values),
+                "window_end",
+                watermark_ms,
+                batch_id,
+            ),
+            keys=hour_keys,
+            time_column="window_start",
+            update=_update_keeping_final(t.CTR_1H),
         )
-        with self._txn(batch_id):
-            (
-                DeltaTable.forPath(self.spark, self.path(t.CTR_1H))
-                .alias("t")
-                .merge(
-                    source.alias("s"),
-                    "t.window_start = s.window_start AND t.campaign_id = s.campaign_id "
-                    f"AND {scope}",
-                )
-                .whenMatchedUpdate(set=_update_keeping_final(t.CTR_1H))
-                .whenNotMatchedInsertAll()
-                .whenNotMatchedBySourceUpdate(
-                    condition=f"NOT t.is_final AND t.window_end <= {watermark}",
-                    set=self._stamped({"is_final": "true"}, batch_id),
-                )
-                .execute()
-            )
-        self._committed(t.CTR_1H)
+        bounds = _widen((first, last), w_prev, watermark_ms, HOUR_MS) if span else None
+        self._run(self._prepared(hour_merge, counts, bounds), batch_id)
+
+    def _run(self, merge: Merge | None, batch_id: int) -> None:
+        if merge is None:
+            return
+        try:
+            self._merge_gold(merge, batch_id)
+        finally:
+            merge.source.unpersist()
+
+    def _minute_windows(
+        self, w_prev: int, watermark_ms: int, span: tuple[int, int] | None
+    ) -> DataFrame | None:
+        """The 1-minute MERGE's rows (before is_final and the stamp): the windows of the span
+        recomputed from silver and the attributions, the windows due to be finalised, and the
+        span's windows the recomputation no longer produces (their only conversion was
+        re-attributed to another ad), set to zero, not deleted, so the change is a row like
+        any other (found again, published as a zero update)."""
+        keys = ("window_start", "ad_id")
+        values = tuple(c for c in t.columns(t.GOLD_1M) if c not in {*keys, *_DERIVED})
+        if span is None:
+            due = self._due(t.GOLD_1M, "window_end", w_prev, watermark_ms)
+            return None if due is None else due.select(*keys, *values)
+        lo, hi = _minute(span[0]), _minute(span[1]) + MINUTE_MS
+        recomputed = window_metrics(
+            self._load(t.SILVER).where(_time_between("event_time", lo, hi)),
+            self._load(t.ATTRIBUTIONS).where(_time_between("conversion_time", lo, hi)),
+        )
+        return recomputed_or_current(
+            recomputed,
+            self._due(
+                t.GOLD_1M,
+                "window_end",
+                w_prev,
+                watermark_ms,
+                also=_time_between("window_start", lo, hi),
+            ),
+            keys=keys,
+            values=values,
+            emptied=_time_between("window_start", lo, hi),
+            zeros={
+                **{n: F.lit(0).cast("long") for n in ("impressions", "clicks", "conversions")},
+                "spend": F.lit(0).cast("decimal(24,9)"),
+                "revenue": F.lit(0).cast("decimal(24,6)"),
+            },
+        )
 
     def _close_sessions(
         self, batch_id: int, w_prev: int, w_cur: int, counts: dict[str, int], *, fresh: bool
@@ -791,6 +895,20 @@ def _update_keeping_final(name: str) -> dict[str, str | Column]:
     the watermark at zero; it must not reopen what an earlier generation closed)."""
     columns: dict[str, str | Column] = {c: f"s.{c}" for c in t.columns(name)}
     return {**columns, "is_final": "t.is_final OR s.is_final"}
+
+
+# Columns the sink sets on every gold row it writes, not part of a recomputation.
+_DERIVED = ("is_final", "generation", "batch_id")
+
+
+def _widen(span: tuple[int, int], w_prev: int, w_cur: int, width: int) -> tuple[int, int]:
+    """A time range holding ``span`` and the starts of the rows of ``width`` that end in
+    (w_prev, w_cur] (a superset is safe: it only reads more files)."""
+    return min(span[0], w_prev - width), max(span[1], w_cur)
+
+
+def _after(column: str, ms: int) -> Column:
+    return F.col(column) > F.timestamp_millis(F.lit(ms))
 
 
 def _minute(ms: int) -> int:

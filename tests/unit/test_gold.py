@@ -8,8 +8,16 @@ from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-from pipelines.gold import attribute, campaign_ctr, reopened, user_sessions, window_metrics
+from pipelines.gold import (
+    attribute,
+    campaign_ctr,
+    recomputed_or_current,
+    reopened,
+    user_sessions,
+    window_metrics,
+)
 
 SILVER = (
     "event_id string, event_type string, event_time timestamp, user_id string, ad_id string, "
@@ -246,3 +254,44 @@ def test_a_filter_on_session_bounds_applies_to_whole_sessions(spark: SparkSessio
     assert ending_early == []
     (whole,) = sessions.where(sessions.session_end <= at(13)).collect()
     assert (whole.session_start, whole.session_end, whole.events) == (at(0), at(13), 3)
+
+
+WINDOWS = "window_start timestamp, ad_id string, clicks long, is_final boolean"
+
+
+def test_a_merge_source_takes_the_recomputed_row_else_the_current_one(
+    spark: SparkSession,
+) -> None:
+    """The rows a gold MERGE sets: recomputed where there is a recomputed row; else the table's
+    row as it is (due to be finalised), or zeroed where the recomputation covered its window
+    and no longer produces it."""
+    recomputed = spark.createDataFrame(
+        [(at(1), "ad-1", 5, False), (at(2), "ad-1", 7, False)], WINDOWS
+    ).drop("is_final")
+    current = spark.createDataFrame(
+        [(at(0), "ad-1", 3, False), (at(1), "ad-1", 4, False), (at(1), "ad-2", 9, False)],
+        WINDOWS,
+    )
+    got = recomputed_or_current(
+        recomputed,
+        current,
+        keys=("window_start", "ad_id"),
+        values=("clicks",),
+        emptied=F.col("window_start") >= at(1),  # the recomputation covered minutes 1 and 2
+        zeros={"clicks": F.lit(0).cast("long")},
+    )
+    assert sorted(tuple(r) for r in got.collect()) == [
+        (at(0), "ad-1", 3),  # not recomputed, outside the span: as it is
+        (at(1), "ad-1", 5),  # recomputed wins
+        (at(1), "ad-2", 0),  # in the span, no longer produced: zero
+        (at(2), "ad-1", 7),  # new
+    ]
+
+
+def test_a_merge_source_from_one_side_only(spark: SparkSession) -> None:
+    rows = spark.createDataFrame([(at(0), "ad-1", 3, False)], WINDOWS)
+    keys, values = ("window_start", "ad_id"), ("clicks",)
+    for recomputed, current in ((rows, None), (None, rows)):
+        got = recomputed_or_current(recomputed, current, keys=keys, values=values)
+        assert [tuple(r) for r in got.collect()] == [(at(0), "ad-1", 3)]
+        assert got.columns == ["window_start", "ad_id", "clicks"]
