@@ -510,13 +510,11 @@ class AttributionSink:
             )
         self._committed(name)
 
-    def _txn(
-        self, batch_id: int, spark: SparkSession | None = None
-    ) -> AbstractContextManager[None]:
+    def _txn(self, batch_id: int) -> AbstractContextManager[None]:
         """Delta's idempotent-write marker around one write (none in the at-least-once mode)."""
         if not self.ctx.exactly_once:
             return nullcontext()
-        return delta_txn(spark or self.spark, self.ctx.app_id, batch_id)
+        return delta_txn(self.spark, self.ctx.app_id, batch_id)
 
     def _committed(self, name: str) -> None:
         """Notes the table's version after this batch's write (the version that holds it; the
@@ -526,16 +524,9 @@ class AttributionSink:
     def _load(self, name: str, spark: SparkSession | None = None) -> DataFrame:
         return (spark or self.spark).read.format("delta").load(self.path(name))
 
-    def _stamped(self, assignments: dict[str, str], batch_id: int) -> dict[str, str | Column]:
-        """A MERGE update that also stamps the row with this batch: every row a batch changes
-        carries its (generation, batch_id), which is how the publisher finds them again."""
-        return {
-            **assignments,
-            "generation": str(self.ctx.generation),
-            "batch_id": f"CAST({batch_id} AS BIGINT)",
-        }
-
     def _provenance(self, df: DataFrame, batch_id: int) -> DataFrame:
+        """Every row a batch writes or changes carries its (generation, batch_id): how the
+        publisher finds a batch's gold rows again."""
         return df.withColumns(
             {"generation": F.lit(self.ctx.generation), "batch_id": F.lit(batch_id).cast("long")}
         )
