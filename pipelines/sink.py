@@ -653,9 +653,9 @@ class AttributionSink:
         self, merge: Merge, counts: dict[str, int], bounds: tuple[int, int] | None = None
     ) -> Merge | None:
         """The MERGE with the time bounds of its source: ``bounds`` when the caller knows them
-        (a recomputation, never empty), else the source's own, read from it once it is cached;
-        None when it has no rows (then nothing is committed: on any execution of the batch, the
-        same)."""
+        (a recomputation: rarely without rows, and then the MERGE commits a version that
+        changes nothing), else the source's own, read from it once it is cached; None when it
+        has no rows (then nothing is committed: on any execution of the batch, the same)."""
         if bounds is not None:
             return replace(merge, bounds=bounds)
         started = time.monotonic()
