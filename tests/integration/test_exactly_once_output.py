@@ -48,7 +48,10 @@ def settings(base_settings: Settings, kafka_bootstrap: str, tmp_path_factory) ->
 
 
 def committed_records(bootstrap: str, topic: str) -> list[dict[str, Any]]:
-    """Every committed record of the topic (read_committed), in offset order per partition."""
+    """Every committed record of the topic (read_committed), ordered by (partition, offset).
+
+    A consumer interleaves partitions in whatever order their fetches return, so two reads of
+    the same committed records only compare equal once put in that order."""
     consumer = Consumer(
         consumer_config(
             bootstrap, "eo-test-reader", committed_only=True, **{"enable.partition.eof": True}
@@ -57,7 +60,7 @@ def committed_records(bootstrap: str, topic: str) -> list[dict[str, Any]]:
     try:
         parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        pending, out = set(parts), []
+        pending, out = set(parts), []  # (partition, offset, record)
         while pending:
             msg = consumer.poll(30)
             assert msg is not None, f"no end of {topic} in sight (partitions {pending})"
@@ -65,8 +68,10 @@ def committed_records(bootstrap: str, topic: str) -> list[dict[str, Any]]:
                 assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
                 pending.discard(msg.partition())
                 continue
-            out.append(json.loads(msg.value(), parse_float=Decimal))
-        return out
+            out.append(
+                (msg.partition(), msg.offset(), json.loads(msg.value(), parse_float=Decimal))
+            )
+        return [record for _, _, record in sorted(out, key=lambda x: (x[0], x[1]))]
     finally:
         consumer.close()
 
