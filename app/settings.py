@@ -71,6 +71,13 @@ class Settings:
     spark_master: str = field(default="local[*]", metadata={"doc": "Spark master URL"})
     spark_driver_memory: str = field(default="2g", metadata={"doc": "driver JVM heap"})
     spark_ui: bool = field(default=False, metadata={"doc": "start the Spark UI"})
+    spark_codegen: bool = field(
+        default=False,
+        metadata={
+            "doc": "let Spark compile Java for each query stage and projection (its default); "
+            "off: interpreted, cheaper for micro-batches of thousands of rows"
+        },
+    )
     shuffle_partitions: int = field(
         default=4, metadata={"doc": "spark.sql.shuffle.partitions (and state store partitions)"}
     )

@@ -59,7 +59,8 @@ def test_spark_conf_local_and_submitted(tmp_path: Path) -> None:
     jars.mkdir()
     for name in ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "delta-spark_4.2_2.13-4.4.0.jar"):
         (jars / name).write_bytes(b"")
-    s = Settings.from_env({"ADATTR_JARS_DIR": str(tmp_path), "ADATTR_STATE_STORE": "hdfs"})
+    env = {"ADATTR_JARS_DIR": str(tmp_path), "ADATTR_STATE_STORE": "hdfs"}
+    s = Settings.from_env(env)
     local = spark_conf(s)
     assert local["spark.master"] == "local[*]"
     assert local["spark.jars"].count(".jar") == 2
@@ -67,6 +68,13 @@ def test_spark_conf_local_and_submitted(tmp_path: Path) -> None:
     assert local["spark.sql.session.timeZone"] == "UTC"
     submitted = spark_conf(s, submitted=True)
     assert "spark.master" not in submitted and "spark.jars" not in submitted
+    # Interpreted by default (per-batch literals defeat the generated code's cache) ...
+    for conf in (local, submitted):
+        assert conf["spark.sql.codegen.wholeStage"] == "false"
+        assert conf["spark.sql.codegen.factoryMode"] == "NO_CODEGEN"
+    # ... and Spark's own default when asked for.
+    compiled = spark_conf(Settings.from_env({**env, "ADATTR_SPARK_CODEGEN": "true"}))
+    assert not any(k.startswith("spark.sql.codegen.") for k in compiled)
 
 
 def test_missing_jars_say_how_to_fetch_them(tmp_path: Path) -> None:
