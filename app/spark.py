@@ -2,13 +2,16 @@
 
 Locally (plain ``python``/``adattr``) the session gets Delta's extensions, the Kafka connector and
 Delta jars fetched by ``infra/fetch-jars.sh`` (explicit paths, so no network at run time), the
-chosen state store, UTC and a small number of shuffle partitions. Under ``spark-submit`` the
-master and the jars come from the command line and are left alone.
+chosen state store, UTC and a small number of shuffle partitions, and its JVM starts from the
+class-data archive set-up made (``app.jvm_archive``) when there is one. Under ``spark-submit``
+the master, the jars and the JVM options come from the command line and are left alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,6 +48,44 @@ def spark_jars(jars_dir: Path) -> list[str]:
     return jars
 
 
+# The JVM's own notes about the class archive (e.g. "unable to use shared archive" after a JDK
+# update): on any mismatch it starts without the archive, which costs time, never correctness.
+QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+def find_java() -> Path | None:
+    home = os.environ.get("JAVA_HOME")
+    found = Path(home) / "bin" / "java" if home else shutil.which("java")
+    return Path(found).resolve() if found and Path(found).exists() else None
+
+
+def archive_path(settings: Settings) -> Path | None:
+    """Where the driver's class-data archive (``app.jvm_archive``) for this JVM, pyspark and
+    jar set lives (None: no java found). The key in its name changes with any of them, so new
+    jars or another JDK find no archive instead of one made for something else."""
+    import pyspark
+
+    java = find_java()
+    if java is None:
+        return None
+    key = hashlib.sha256()
+    stat = java.stat()
+    key.update(f"{java}|{stat.st_size}|{stat.st_mtime_ns}|{pyspark.__version__}".encode())
+    for jar in sorted((settings.jars_dir / "spark").glob("*.jar")):
+        key.update(f"|{jar.name}:{jar.stat().st_size}".encode())
+    return settings.jars_dir / "cds" / f"driver-{key.hexdigest()[:16]}.jsa"
+
+
+def java_options(settings: Settings) -> str | None:
+    """The driver's JVM options that start it from the archive, if there is one to use."""
+    if not settings.jvm_class_archive:
+        return None
+    path = archive_path(settings)
+    if path is None or not path.is_file():
+        return None
+    return f"-XX:SharedArchiveFile={path} {QUIET_CDS}"
+
+
 def spark_conf(settings: Settings, *, submitted: bool = False) -> dict[str, str]:
     """The session configuration, as plain data (unit-tested without a JVM)."""
     conf = {
@@ -79,6 +120,9 @@ def spark_conf(settings: Settings, *, submitted: bool = False) -> dict[str, str]
         conf["spark.master"] = settings.spark_master
         conf["spark.driver.memory"] = settings.spark_driver_memory
         conf["spark.jars"] = ",".join(spark_jars(settings.jars_dir))
+        java_opts = java_options(settings)
+        if java_opts:
+            conf["spark.driver.extraJavaOptions"] = java_opts
     return conf
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from app.settings import Settings, SettingsError
-from app.spark import STATE_STORE_PROVIDERS, MissingJarsError, spark_conf
+from app.spark import STATE_STORE_PROVIDERS, MissingJarsError, archive_path, spark_conf
 
 
 def test_defaults_are_loopback_and_local() -> None:
@@ -75,6 +75,30 @@ def test_spark_conf_local_and_submitted(tmp_path: Path) -> None:
     # ... and Spark's own default when asked for.
     compiled = spark_conf(Settings.from_env({**env, "ADATTR_SPARK_CODEGEN": "true"}))
     assert not any(k.startswith("spark.sql.codegen.") for k in compiled)
+
+
+def test_driver_starts_from_the_class_archive_only_when_there_is_one(tmp_path: Path) -> None:
+    jars = tmp_path / "spark"
+    jars.mkdir()
+    for name in ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "delta-spark_4.2_2.13-4.4.0.jar"):
+        (jars / name).write_bytes(b"")
+    env = {"ADATTR_JARS_DIR": str(tmp_path)}
+    s = Settings.from_env(env)
+    assert "spark.driver.extraJavaOptions" not in spark_conf(s)  # none made yet
+    archive = archive_path(s)
+    assert archive is not None and archive.parent == tmp_path / "cds"
+    archive.parent.mkdir()
+    archive.write_bytes(b"made by set-up")
+    options = spark_conf(s)["spark.driver.extraJavaOptions"]
+    assert f"-XX:SharedArchiveFile={archive}" in options and "-Xlog:cds=off" in options
+    # Not under spark-submit (its command line owns the JVM), not when switched off ...
+    assert "spark.driver.extraJavaOptions" not in spark_conf(s, submitted=True)
+    off = Settings.from_env({**env, "ADATTR_JVM_CLASS_ARCHIVE": "false"})
+    assert "spark.driver.extraJavaOptions" not in spark_conf(off)
+    # ... and an archive made for other jars is never used: the key in its name moves.
+    (jars / "extra-1.0.jar").write_bytes(b"")
+    assert archive_path(s) != archive
+    assert "spark.driver.extraJavaOptions" not in spark_conf(s)
 
 
 def test_missing_jars_say_how_to_fetch_them(tmp_path: Path) -> None:
