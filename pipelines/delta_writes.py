@@ -11,11 +11,12 @@ Delta would silently skip real writes; callers derive it from the checkpoint gen
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines import tables as t
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -31,3 +32,94 @@ def delta_txn(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
     finally:
         spark.conf.unset(TXN_APP_ID)
         spark.conf.unset(TXN_VERSION)
+
+
+class Tables:
+    """The warehouse's tables as the job's batches write them: where each lives, the stamp every
+    written row carries, the idempotent insert, and the version each write of the current batch
+    left (``versions``, recorded in the ledger; the caller clears it per batch).
+
+    ``exactly_once`` is False only for the benchmark's at-least-once baseline: no Delta txn,
+    plain appends."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        warehouse: str,
+        app_id: str,
+        generation: int,
+        *,
+        exactly_once: bool = True,
+    ) -> None:
+        self.spark = spark
+        self.warehouse = warehouse
+        self.app_id = app_id
+        self.generation = generation
+        self.exactly_once = exactly_once
+        self.versions: dict[str, int] = {}
+
+    def path(self, name: str) -> str:
+        return f"{self.warehouse}/{name}"
+
+    def load(self, name: str, spark: SparkSession | None = None) -> DataFrame:
+        return (spark or self.spark).read.format("delta").load(self.path(name))
+
+    def stamped(self, df: DataFrame, batch_id: int) -> DataFrame:
+        """Every row a batch writes or changes carries its (generation, batch_id): how the
+        publisher finds a batch's gold rows again."""
+        return df.withColumns(
+            {"generation": F.lit(self.generation), "batch_id": F.lit(batch_id).cast("long")}
+        )
+
+    def txn(self, batch_id: int, spark: SparkSession | None = None) -> AbstractContextManager[None]:
+        """Delta's idempotent-write marker around one write (none in the at-least-once mode)."""
+        if not self.exactly_once:
+            return nullcontext()
+        return delta_txn(spark or self.spark, self.app_id, batch_id)
+
+    def insert_new(
+        self,
+        name: str,
+        source: DataFrame,
+        condition: str,
+        batch_id: int,
+        *,
+        fresh: bool,
+        spark: SparkSession | None = None,
+    ) -> None:
+        """Inserts the source's rows that the table does not hold yet: a plain append when no
+        row with their keys can exist (``fresh``, see ``pipelines.high_water``; and always in the
+        at-least-once baseline), otherwise a MERGE keyed by ``condition`` with Delta's txn ids
+        (set in ``spark``'s confs: a thread writing beside others passes its own session)."""
+        from delta.tables import DeltaTable
+
+        if fresh or not self.exactly_once:
+            # An append does not cast to the table's types as a MERGE does.
+            typed = source.select(*[F.col(f.name).cast(f.dataType) for f in t.schema(name).fields])
+            typed.write.format("delta").mode("append").save(self.path(name))
+            self.committed(name)
+            return
+        spark = spark or self.spark
+        with delta_txn(spark, self.app_id, batch_id):
+            (
+                DeltaTable.forPath(spark, self.path(name))
+                .alias("t")
+                .merge(source.alias("s"), condition)
+                .whenNotMatchedInsertAll()
+                .execute()
+            )
+        self.committed(name)
+
+    def committed(self, name: str) -> None:
+        """Notes the table's version after this batch's write (the version that holds it; the
+        same as before when Delta skipped an already committed batch)."""
+        self.versions[name] = table_version(self.spark, self.path(name))
+
+
+def table_version(spark: SparkSession, path: str) -> int:
+    """The table's latest version, from the Delta log this process already holds in memory
+    (a few ms; ``DeltaTable.history(1)`` runs a Spark job, ~0.3 s per table per batch)."""
+    log = spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(  # type: ignore[union-attr]
+        spark._jsparkSession, path
+    )
+    return int(log.unsafeVolatileSnapshot().version())

@@ -1,0 +1,120 @@
+"""Which record tables a classified batch writes, keyed how, and when it may append."""
+
+from __future__ import annotations
+
+from pyspark.sql import Row, SparkSession
+from pyspark.sql.types import StringType, StructField, StructType
+
+from pipelines import tables as t
+from pipelines.high_water import HighWater
+from pipelines.record_writes import (
+    accepted_span,
+    coordinates_condition,
+    ranges_and_counts,
+    record_writes,
+)
+from pipelines.transforms import ACCEPTED, DUPLICATE, LATE
+from schemas.ad_event import MALFORMED_JSON
+
+TOPIC = "ad-events"
+
+
+def stat(
+    outcome: str, partition: int, lo: int, hi: int, n: int, t_lo: int = 0, t_hi: int = 0
+) -> Row:
+    return Row(
+        outcome=outcome,
+        kafka_topic=TOPIC,
+        kafka_partition=partition,
+        n=n,
+        lo=lo,
+        hi=hi,
+        t_lo=t_lo,
+        t_hi=t_hi,
+    )
+
+
+STATS = [
+    stat(ACCEPTED, 0, 10, 19, 8, t_lo=5_000, t_hi=9_000),
+    stat(DUPLICATE, 0, 12, 12, 1),
+    stat(MALFORMED_JSON, 0, 15, 15, 1),
+    stat(ACCEPTED, 1, 40, 44, 5, t_lo=3_000, t_hi=7_000),
+]
+
+
+def test_ranges_and_counts_add_up_per_partition_and_outcome() -> None:
+    ranges, counts = ranges_and_counts(STATS)
+    assert ranges == {(TOPIC, 0): [10, 19, 10], (TOPIC, 1): [40, 44, 5]}
+    assert counts == {ACCEPTED: 13, DUPLICATE: 1, MALFORMED_JSON: 1, "read": 15}
+    assert accepted_span(STATS) == (3_000, 9_000)
+    assert accepted_span([stat(MALFORMED_JSON, 0, 1, 1, 1)]) is None
+
+
+def test_coordinates_condition_is_scoped_to_the_batch_offsets() -> None:
+    ranges, _ = ranges_and_counts(STATS)
+    condition = coordinates_condition(ranges)
+    assert "t.kafka_offset = s.kafka_offset" in condition
+    assert "(t.kafka_partition = 0 AND t.kafka_offset BETWEEN 10 AND 19)" in condition
+    assert "(t.kafka_partition = 1 AND t.kafka_offset BETWEEN 40 AND 44)" in condition
+    assert "BETWEEN" not in coordinates_condition({})
+
+
+def classified_frame(spark: SparkSession):  # type: ignore[no-untyped-def]
+    """An empty frame with every column the sink's classified rows carry (as strings: only the
+    column names matter to which writes are planned)."""
+    added = {"reason", "raw_text", "watermark", "dim_version"}
+    names = {"outcome"}
+    for name in (t.BRONZE, t.QUARANTINE, t.LATE, t.SILVER):
+        names |= {c for c in t.columns(name) if c not in added}
+    schema = StructType([StructField(n, StringType()) for n in sorted(names)])
+    return spark.createDataFrame([], schema)
+
+
+def marks(silver_exclusive: bool = True) -> HighWater:
+    return HighWater(
+        offsets={(TOPIC, 0): 9, (TOPIC, 1): 39},
+        ledger_batch=3,
+        session_end_ms=0,
+        silver_exclusive=silver_exclusive,
+    )
+
+
+def test_each_outcome_present_gets_its_table_with_the_table_columns(spark: SparkSession) -> None:
+    rows = classified_frame(spark)
+    ranges, counts = ranges_and_counts(STATS)
+    writes = record_writes(
+        rows,
+        ranges,
+        counts,
+        accepted_span(STATS),
+        watermark_ms=1,
+        dim_version=2,
+        high_water=marks(),
+    )
+    assert [w.name for w in writes] == [t.BRONZE, t.QUARANTINE, t.SILVER]  # no late record
+    for w in writes:
+        assert w.rows.columns == t.columns(w.name)
+        assert w.fresh  # every offset above the marks
+    silver = writes[-1]
+    assert "t.event_id = s.event_id" in silver.condition
+    assert "timestamp_millis(3000) AND timestamp_millis(9000)" in silver.condition
+
+
+def test_a_batch_overlapping_the_marks_merges(spark: SparkSession) -> None:
+    rows = classified_frame(spark)
+    stats = [stat(LATE, 0, 5, 12, 8), stat(ACCEPTED, 1, 40, 44, 5, t_lo=1, t_hi=2)]
+    ranges, counts = ranges_and_counts(stats)
+    writes = record_writes(
+        rows,
+        ranges,
+        counts,
+        accepted_span(stats),
+        watermark_ms=1,
+        dim_version=2,
+        high_water=marks(silver_exclusive=False),
+    )
+    assert [(w.name, w.fresh) for w in writes] == [
+        (t.BRONZE, False),
+        (t.LATE, False),
+        (t.SILVER, False),
+    ]
