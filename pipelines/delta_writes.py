@@ -10,7 +10,8 @@ Delta would silently skip real writes; callers derive it from the checkpoint gen
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from pyspark.sql import DataFrame, SparkSession
@@ -123,3 +124,16 @@ def table_version(spark: SparkSession, path: str) -> int:
         spark._jsparkSession, path
     )
     return int(log.unsafeVolatileSnapshot().version())
+
+
+def run_concurrently(writes: Sequence[Callable[[], object]], *, together: bool) -> None:
+    """Runs independent writes at once (Spark's scheduler is thread-safe, and a Delta commit's
+    fixed cost is mostly waiting), or one by one; the first failure is raised. Writes at once
+    must not share a session whose confs carry Delta txn ids."""
+    if not together or len(writes) < 2:
+        for write in writes:
+            write()
+        return
+    with ThreadPoolExecutor(len(writes), thread_name_prefix="adattr-write") as pool:
+        for future in [pool.submit(write) for write in writes]:
+            future.result()

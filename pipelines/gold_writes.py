@@ -13,15 +13,16 @@ lets Delta skip every other file.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, replace
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
-from pipelines.delta_writes import Tables
+from pipelines.delta_writes import Tables, run_concurrently
 from pipelines.gold import (
     ATTRIBUTION_COLUMNS,
     attribute,
@@ -56,7 +57,9 @@ class Merge:
 
 class GoldUpdate:
     """The gold MERGEs of one batch, whose watermark moved from ``w_prev`` to ``watermark_ms``;
-    row counts go to ``counts`` (the ledger), durations to ``timer``."""
+    row counts go to ``counts`` (the ledger), durations to ``timer``. ``sessions``: two Spark
+    sessions besides the tables' own, for MERGEs that run at the same time (a MERGE takes its
+    Delta txn ids from its session's confs)."""
 
     def __init__(
         self,
@@ -68,8 +71,11 @@ class GoldUpdate:
         watermark_ms: int,
         counts: dict[str, int],
         lookback_seconds: int,
+        sessions: tuple[SparkSession, ...] = (),
     ) -> None:
         self.tables = tables
+        self.spark = tables.spark
+        self.sessions = sessions
         self.timer = timer
         self.batch_id = batch_id
         self.w_prev = w_prev
@@ -81,29 +87,61 @@ class GoldUpdate:
     def advanced(self) -> bool:
         return self.watermark_ms > self.w_prev
 
+    def on(self, spark: SparkSession) -> GoldUpdate:
+        """The same update, reading and writing through another session."""
+        other = copy.copy(self)
+        other.spark = spark
+        return other
+
     def run(self, rows: DataFrame | None, span: tuple[int, int] | None) -> None:
         """The attributions, the 1-minute windows (which count attributed conversions) and the
         sliding hours (sums of 1-minute windows), in that order, for the batch's classified
         ``rows`` (None: no accepted event) and its accepted events' time ``span``. (Run at
         once, from sources that anticipate each other's results, they took longer here: on
-        two cores their jobs only queue behind each other.)"""
-        attributions, reattributed = self._attribution_source(rows)
-        self._run(attributions)
-        span = _cover(span, reattributed)
+        two cores their jobs only queue behind each other.)
+
+        A batch without accepted events recomputes nothing: it only finalises the rows its
+        watermark passed, which depend on nothing but each table's own rows, so the three
+        MERGEs run at once, each in its own session."""
+        if rows is None and len(self.sessions) >= 2:
+            one, two = self.on(self.sessions[0]), self.on(self.sessions[1])
+            run_concurrently(
+                [
+                    lambda: self._attributions(None),
+                    lambda: one._minutes(None),
+                    lambda: two._hours(None),
+                ],
+                together=True,
+            )
+            return
+        span = _cover(span, self._attributions(rows))
         if span is None and not self.advanced:
             return
+        self._minutes(span)
+        self._hours(span)
+
+    def _attributions(self, rows: DataFrame | None) -> tuple[int, int] | None:
+        """MERGEs the attributions; returns the conversion-time span it (re)attributed."""
+        attributions, reattributed = self._attribution_source(rows)
+        self._run(attributions)
+        return reattributed
+
+    def _minutes(self, span: tuple[int, int] | None) -> None:
         minute_rows = self._minute_windows(span)
-        if minute_rows is not None:
-            lo, hi = (_minute(span[0]), _minute(span[1]) + MINUTE_MS) if span else (0, 0)
-            minutes = Merge(
-                t.GOLD_1M,
-                self._final(minute_rows, "window_end"),
-                keys=("window_start", "ad_id"),
-                time_column="window_start",
-                update=_update_keeping_final(t.GOLD_1M),
-            )
-            bounds = self._widen((lo, hi), MINUTE_MS) if span else None
-            self._run(self._prepared(minutes, bounds))
+        if minute_rows is None:
+            return
+        lo, hi = (_minute(span[0]), _minute(span[1]) + MINUTE_MS) if span else (0, 0)
+        minutes = Merge(
+            t.GOLD_1M,
+            self._final(minute_rows, "window_end"),
+            keys=("window_start", "ad_id"),
+            time_column="window_start",
+            update=_update_keeping_final(t.GOLD_1M),
+        )
+        bounds = self._widen((lo, hi), MINUTE_MS) if span else None
+        self._run(self._prepared(minutes, bounds))
+
+    def _hours(self, span: tuple[int, int] | None) -> None:
         hours = None
         first = last = 0
         if span is not None:
@@ -111,9 +149,7 @@ class GoldUpdate:
             first = (_minute(span[0]) - HOUR_MS) // SLIDE_MS * SLIDE_MS + SLIDE_MS
             last = _minute(span[1]) // SLIDE_MS * SLIDE_MS
             hours = campaign_ctr(
-                self.tables.load(t.GOLD_1M).where(
-                    time_between("window_start", first, last + HOUR_MS)
-                )
+                self._load(t.GOLD_1M).where(time_between("window_start", first, last + HOUR_MS))
             ).where(time_between("window_start", first, last + SLIDE_MS))
         due_hours = self._due(t.CTR_1H, "window_end")
         if hours is None and due_hours is None:
@@ -132,6 +168,9 @@ class GoldUpdate:
         )
         bounds = self._widen((first, last), HOUR_MS) if span else None
         self._run(self._prepared(hour_merge, bounds))
+
+    def _load(self, name: str) -> DataFrame:
+        return self.tables.load(name, self.spark)
 
     def _attribution_source(
         self, rows: DataFrame | None
@@ -152,7 +191,7 @@ class GoldUpdate:
             new = rows.where(F.col("outcome") == ACCEPTED)
             # Every attribution at or behind the previous watermark is final (see _due).
             pending = (
-                self.tables.load(t.ATTRIBUTIONS)
+                self._load(t.ATTRIBUTIONS)
                 .where(~F.col("is_final") & _after("conversion_time", self.w_prev))
                 .select(
                     F.col("conversion_id").alias("event_id"),
@@ -181,7 +220,7 @@ class GoldUpdate:
                 span = (int(found.lo), int(found.hi))
                 self.counts["attributions_computed"] = int(found.n)
                 clicks = (
-                    self.tables.load(t.SILVER)
+                    self._load(t.SILVER)
                     .where(
                         (F.col("event_type") == "click")
                         & (
@@ -231,8 +270,8 @@ class GoldUpdate:
             return None if due is None else due.select(*keys, *values)
         lo, hi = _minute(span[0]), _minute(span[1]) + MINUTE_MS
         recomputed = window_metrics(
-            self.tables.load(t.SILVER).where(time_between("event_time", lo, hi)),
-            self.tables.load(t.ATTRIBUTIONS).where(time_between("conversion_time", lo, hi)),
+            self._load(t.SILVER).where(time_between("event_time", lo, hi)),
+            self._load(t.ATTRIBUTIONS).where(time_between("conversion_time", lo, hi)),
         )
         return recomputed_or_current(
             recomputed,
@@ -256,9 +295,7 @@ class GoldUpdate:
         if not self.advanced and also is None:
             return None
         due = _after(end, self.w_prev) & ~_after(end, self.watermark_ms)
-        return self.tables.load(name).where(
-            ~F.col("is_final") & (due if also is None else due | also)
-        )
+        return self._load(name).where(~F.col("is_final") & (due if also is None else due | also))
 
     def _final(self, source: DataFrame, end: str) -> DataFrame:
         """A gold MERGE source with is_final (the watermark has passed the row's end) and the
@@ -314,7 +351,7 @@ class GoldUpdate:
             f" AND t.{merge.time_column} BETWEEN timestamp_millis({lo}) AND timestamp_millis({hi})"
         )
         builder = (
-            DeltaTable.forPath(self.tables.spark, self.tables.path(merge.name))
+            DeltaTable.forPath(self.spark, self.tables.path(merge.name))
             .alias("t")
             .merge(merge.source.alias("s"), condition)
         )
@@ -322,7 +359,7 @@ class GoldUpdate:
             builder = builder.whenMatchedUpdateAll(condition=merge.update_condition)
         else:
             builder = builder.whenMatchedUpdate(condition=merge.update_condition, set=merge.update)
-        with self.tables.txn(self.batch_id):
+        with self.tables.txn(self.batch_id, self.spark):
             builder.whenNotMatchedInsertAll().execute()
         self.tables.committed(merge.name)
         self.timer.since(f"{merge.name}:merge", started)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -36,7 +35,7 @@ from pyspark.sql import functions as F
 
 from app.crash import crash_point, crash_when_file_appears
 from pipelines import tables as t
-from pipelines.delta_writes import Tables
+from pipelines.delta_writes import Tables, run_concurrently
 from pipelines.dimension import DimSnapshots
 from pipelines.gold_writes import GoldUpdate
 from pipelines.high_water import HighWater, read_high_water
@@ -93,6 +92,8 @@ class AttributionSink:
         # Closed sessions are computed and written beside the attribution chain, in a session
         # of their own: a MERGE takes its Delta txn ids from its session's confs.
         self.side = spark.newSession()
+        # Gold tables finalised at once (a batch without accepted events), one session each.
+        self.gold_sessions = (spark.newSession(), spark.newSession())
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started_ms = int(time.time() * 1000)
@@ -185,7 +186,7 @@ class AttributionSink:
             dim_version=dim_version,
             high_water=hw,
         )
-        self._concurrently(
+        run_concurrently(
             [
                 self.timer.timed(
                     w.name,
@@ -212,6 +213,7 @@ class AttributionSink:
             watermark_ms=meta.watermark_ms,
             counts=counts,
             lookback_seconds=self.ctx.lookback_seconds,
+            sessions=self.gold_sessions,
         )
         gold: list[Callable[[], None]] = []
         if span is not None or gold_update.advanced:
@@ -238,7 +240,7 @@ class AttributionSink:
                     ),
                 )
             )
-        self._concurrently(gold, together=True)
+        run_concurrently(gold, together=True)
         self.timer.mark("gold")
 
         crash_point(self.ctx.crash_at, "after_delta_before_kafka")
@@ -270,18 +272,6 @@ class AttributionSink:
         )
         self.timer.mark("ledger")
         crash_point(self.ctx.crash_at, "after_ledger_before_commit_log")
-
-    @staticmethod
-    def _concurrently(writes: list[Callable[[], None]], *, together: bool) -> None:
-        """Runs independent writes at once (Spark's scheduler is thread-safe, and a Delta
-        commit's fixed cost is mostly waiting), or one by one; the first failure is raised."""
-        if not together or len(writes) < 2:
-            for write in writes:
-                write()
-            return
-        with ThreadPoolExecutor(len(writes), thread_name_prefix="adattr-write") as pool:
-            for future in [pool.submit(write) for write in writes]:
-                future.result()
 
     def _publish(self, batch_id: int, *, wrote_gold: bool) -> str:
         """Publishes every gold row this batch changed (found by its stamp, so a re-execution
