@@ -142,8 +142,7 @@ class LocalBroker:
     def _format_once(self, config: Path) -> None:
         if (self.data_dir / "data" / "meta.properties").exists():
             return
-        # A Kafka cluster id is a random UUID in URL-safe base64 without padding.
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = new_cluster_id()
         done = subprocess.run(
             self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
             capture_output=True,
@@ -239,3 +238,14 @@ def wait_until_ready(
     raise BrokerError(
         f"the Kafka broker at {bootstrap} did not answer within {timeout:.0f}s: {last_error}"
     )
+
+
+def new_cluster_id() -> str:
+    """A random UUID in URL-safe base64 without padding, as Kafka's ``Uuid.randomUuid`` makes
+    it: never starting with '-', which the storage tool's argument parser takes for an option
+    (one id in 64 did, and formatting failed: "argument --cluster-id/-t: expected one
+    argument")."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
