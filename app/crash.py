@@ -20,7 +20,7 @@ from pathlib import Path
 POINTS = (
     "during_state_store_upload",  # the stateful operator is writing this batch's state files
     "before_delta_commit",  # the batch is read and classified, no table written yet
-    "between_delta_commits",  # bronze, quarantine and late committed; silver and gold not yet
+    "between_delta_commits",  # bronze, quarantine, late and silver committed; gold not yet
     "after_delta_before_kafka",  # the batch's Delta commits are done, its transaction is not begun
     "in_kafka_transaction",  # records sent inside the open transaction, commit not called
     "after_kafka_before_ledger",  # the transaction is committed, the ledger row is not written
