@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from app.broker import BrokerError, LocalBroker, wait_until_ready
@@ -275,12 +276,36 @@ class Stack:
 
 
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the process group: the Python driver and the Spark JVM it launched."""
+    """SIGKILL the job's process tree at once: the Python driver's group and the group of every
+    child it started in a session of its own (the Spark JVM, see ``app.spark``, with whatever
+    it started). The driver's group is stopped first, so it can start nothing while its
+    children are listed."""
+    groups = [proc.pid]
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGSTOP)
+        groups += [child for child in _children(proc.pid) if os.getpgid(child) == child]
     except ProcessLookupError:
         pass
+    for group in [*groups[1:], groups[0]]:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:

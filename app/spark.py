@@ -132,9 +132,33 @@ def build_spark(settings: Settings, app_name: str = "adattr") -> SparkSession:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    conf = spark_conf(settings, submitted=under_spark_submit())
+    if not under_spark_submit():
+        _launch_jvm_in_own_session(conf)
     builder = SparkSession.builder.appName(app_name)
-    for key, value in spark_conf(settings, submitted=under_spark_submit()).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def _launch_jvm_in_own_session(conf: dict[str, str]) -> None:
+    """Starts the driver's JVM as pyspark would (``spark-submit ... pyspark-shell`` with the
+    session's confs), but in a session of its own, so that a signal to the Python process's
+    group (systemd's stop, ``timeout``, ``kill -- -PGID``) reaches only Python, which stops the
+    query between batches (``pipelines.job``); in the same group the JVM exited at once and the
+    driver died with a py4j error mid-batch. The JVM still ends with Python: pyspark's gateway
+    exits when the pipe to its stdin closes. No-op once a gateway exists."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    with SparkContext._lock:
+        if SparkContext._gateway is not None:
+            return
+        gateway = launch_gateway(
+            SparkConf(loadDefaults=False).setAll(list(conf.items())),
+            popen_kwargs={"start_new_session": True},
+        )
+        SparkContext._gateway = gateway
+        SparkContext._jvm = gateway.jvm

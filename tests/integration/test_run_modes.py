@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -36,6 +37,8 @@ def _ledger_read(spark: SparkSession, settings: Settings) -> int:
 
 
 def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    """The signal goes to the job's whole process group, as systemd, ``timeout`` and
+    ``kill -- -PGID`` send it: the Spark JVM must not die under the driver mid-batch."""
     traffic = plan_traffic(GenConfig(events=2000, seed=5, users=50, ads=10, late_ratio=0))
     ensure_topics(settings.bootstrap_servers, app_topics(settings))
     upsert_dim_ads(spark, str(settings.warehouse.resolve()), traffic.dim_rows)
@@ -46,6 +49,7 @@ def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Sett
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,  # a group of its own, which the signal below goes to
     )
     try:
         produce(traffic.main, settings.bootstrap_servers, settings.input_topic, progress=False)
@@ -54,13 +58,14 @@ def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Sett
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             assert time.monotonic() < deadline, "the running job did not catch up in 300 s"
             time.sleep(1)  # polling the ledger for the condition, not standing in for it
-        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out[-3000:]
     assert "run: stopped" in out
+    assert "Traceback" not in out and "Py4J" not in out, out[-3000:]
     assert diff(traffic.truth, observed(spark, str(settings.warehouse.resolve()))) == []
     ledger = spark.read.format("delta").load(f"{settings.warehouse.resolve()}/{t.LEDGER}")
     assert ledger.count() >= 3  # the cap really split the topic into batches
