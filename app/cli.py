@@ -400,6 +400,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(Spark Structured Streaming + Delta Lake + Kafka). Settings come from ADATTR_* "
         "environment variables; see the README.",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="Spark's own output on the console too (ADATTR_VERBOSE=true); by default it goes to "
+        "<data_dir>/logs/spark.log",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
@@ -555,6 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.verbose:  # in the environment, so that the jobs a command starts inherit it
+        os.environ["ADATTR_VERBOSE"] = "true"
     logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
     for noisy in ("py4j", "pyspark"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

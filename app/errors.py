@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from app.broker import BrokerError
 from app.settings import SettingsError
-from app.spark import MissingJarsError
+from app.spark import MissingJarsError, SparkStartError
 
 
 class UserInputError(ValueError):
@@ -18,5 +18,6 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     BrokerError,
     MissingJarsError,
     SettingsError,
+    SparkStartError,
     UserInputError,
 )

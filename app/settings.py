@@ -85,6 +85,13 @@ class Settings:
             "(JDK CDS, infra/.jars/cds/): 5-7 s faster starts; off: a plain start"
         },
     )
+    verbose: bool = field(
+        default=False,
+        metadata={
+            "doc": "the Spark JVM's own output (its warnings, log4j lines) on the console; off: "
+            "in <data_dir>/logs/spark.log, the console shows adattr's lines and errors"
+        },
+    )
     shuffle_partitions: int = field(
         default=4, metadata={"doc": "spark.sql.shuffle.partitions (and state store partitions)"}
     )

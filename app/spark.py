@@ -13,8 +13,9 @@ import hashlib
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from app.settings import Settings
 
@@ -29,6 +30,10 @@ STATE_STORE_PROVIDERS = {
 
 class MissingJarsError(RuntimeError):
     pass
+
+
+class SparkStartError(RuntimeError):
+    """The driver's JVM ended before it answered; the message holds the end of its output."""
 
 
 def under_spark_submit() -> bool:
@@ -134,7 +139,9 @@ def build_spark(settings: Settings, app_name: str = "adattr") -> SparkSession:
 
     conf = spark_conf(settings, submitted=under_spark_submit())
     if not under_spark_submit():
-        _launch_jvm_in_own_session(conf)
+        _launch_jvm_in_own_session(
+            conf, log=None if settings.verbose else settings.data_dir / "logs" / "spark.log"
+        )
     builder = SparkSession.builder.appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
@@ -143,22 +150,46 @@ def build_spark(settings: Settings, app_name: str = "adattr") -> SparkSession:
     return spark
 
 
-def _launch_jvm_in_own_session(conf: dict[str, str]) -> None:
+def _launch_jvm_in_own_session(conf: dict[str, str], *, log: Path | None) -> None:
     """Starts the driver's JVM as pyspark would (``spark-submit ... pyspark-shell`` with the
     session's confs), but in a session of its own, so that a signal to the Python process's
     group (systemd's stop, ``timeout``, ``kill -- -PGID``) reaches only Python, which stops the
     query between batches (``pipelines.job``); in the same group the JVM exited at once and the
     driver died with a py4j error mid-batch. The JVM still ends with Python: pyspark's gateway
-    exits when the pipe to its stdin closes. No-op once a gateway exists."""
+    exits when the pipe to its stdin closes. Its stderr (the JVM's and log4j's warnings) is
+    appended to ``log`` when one is given. No-op once a gateway exists."""
     from pyspark import SparkConf, SparkContext
+    from pyspark.errors import PySparkRuntimeError
     from pyspark.java_gateway import launch_gateway
 
     with SparkContext._lock:
         if SparkContext._gateway is not None:
             return
-        gateway = launch_gateway(
-            SparkConf(loadDefaults=False).setAll(list(conf.items())),
-            popen_kwargs={"start_new_session": True},
-        )
+        out = None if log is None else _open_log(log)
+        try:
+            gateway = launch_gateway(
+                SparkConf(loadDefaults=False).setAll(list(conf.items())),
+                popen_kwargs={"start_new_session": True, **({"stderr": out} if out else {})},
+            )
+        except PySparkRuntimeError as exc:
+            where = f"; the end of its output ({log}):\n{_tail(log)}" if log else ""
+            raise SparkStartError(f"the Spark JVM did not start ({exc}){where}") from exc
+        finally:
+            if out is not None:
+                out.close()  # the JVM has its own copy
         SparkContext._gateway = gateway
         SparkContext._jvm = gateway.jvm
+
+
+def _open_log(path: Path) -> BinaryIO:
+    """The JVM's log, opened for appending, under a line that says which command this is."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = path.open("ab")
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    out.write(f"--- {started} pid {os.getpid()}: {' '.join(sys.argv)}\n".encode())
+    out.flush()
+    return out
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

@@ -30,6 +30,7 @@ def base_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         spark_master="local[2]",
         shuffle_partitions=2,
         spark_driver_memory="2g",
+        verbose=True,  # the in-process JVM's output stays in what pytest captures
     )
 
 

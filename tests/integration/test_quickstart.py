@@ -31,6 +31,11 @@ def test_demo_generates_runs_and_verifies(kafka_bootstrap: str, tmp_path: Path) 
     # The budget service read the job's transactional output and raised the alerts it should.
     assert "consume: " in done.stdout and "budget alerts: " in done.stdout
     assert "budget alerts: 0" not in done.stdout
+    # Spark's and the JVM's own warnings go to the log file, not to the user's console.
+    console = done.stdout + done.stderr
+    for noise in (" WARN ", "WARNING: ", "log4j", "SPARK_LOCAL_IP"):
+        assert noise not in console, f"{noise!r} on the console:\n{console[-3000:]}"
+    assert " WARN " in (tmp_path / "data" / "logs" / "spark.log").read_text()
     # A second demo resets what the first created and verifies again.
     again = run_adattr(env, "demo", "--events", "1000", "--seed", "2")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -43,3 +48,21 @@ def test_demo_refuses_to_wipe_data_it_did_not_create(kafka_bootstrap: str, tmp_p
     assert done.returncode == 1
     assert "data it did not create" in done.stderr
     assert (tmp_path / "warehouse" / "precious").exists()
+
+
+def test_a_jvm_that_does_not_start_is_one_clear_line(tmp_path: Path) -> None:
+    """A setting the JVM refuses: the command says so with the end of the JVM's log (which the
+    console no longer shows), not with pyspark's stack trace."""
+    csv = tmp_path / "dim.csv"
+    csv.write_text("ad_id,campaign_id,advertiser_id,cpm,cpc\nad-1,cmp-1,adv-1,1.0,0.5\n")
+    env = adattr_env(
+        warehouse=str(tmp_path / "warehouse"),
+        data_dir=str(tmp_path / "data"),
+        spark_driver_memory="lots",
+    )
+    done = run_adattr(env, "dim", "load", str(csv), timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "adattr dim: the Spark JVM did not start" in done.stderr
+    assert "Invalid maximum heap size: -Xmxlots" in done.stderr
+    assert str(tmp_path / "data" / "logs" / "spark.log") in done.stderr
+    assert "Traceback" not in done.stderr
