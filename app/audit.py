@@ -8,13 +8,16 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
 from schemas import ad_event as c
+
+if TYPE_CHECKING:
+    from app.kafka_io import KafkaConnection
 
 OUTCOMES = (*c.REASONS, "late", "duplicate", "accepted")
 
@@ -26,7 +29,9 @@ class Check:
     detail: str
 
 
-def _committed_records_between(bootstrap: str, topic: str, partition: int, lo: int, hi: int) -> int:
+def _committed_records_between(
+    kafka: KafkaConnection, topic: str, partition: int, lo: int, hi: int
+) -> int:
     """How many committed records Kafka holds at offsets lo..hi (read_committed)."""
     from confluent_kafka import Consumer, TopicPartition
 
@@ -34,7 +39,7 @@ def _committed_records_between(bootstrap: str, topic: str, partition: int, lo: i
 
     consumer = Consumer(
         consumer_config(
-            bootstrap, "adattr-audit", committed_only=True, **{"enable.partition.eof": True}
+            kafka, "adattr-audit", committed_only=True, **{"enable.partition.eof": True}
         )
     )
     try:
@@ -77,7 +82,7 @@ def _within(ranges: dict[tuple[str, int], list[Span]]) -> str:
 
 
 def _generation_checks(
-    label: str, ledger: list[Any], bootstrap: str | None
+    label: str, ledger: list[Any], kafka: KafkaConnection | None
 ) -> tuple[list[Check], dict[str, int], dict[tuple[str, int], list[Span]]]:
     """The invariants of one generation's own ledger rows."""
     checks: list[Check] = []
@@ -105,8 +110,8 @@ def _generation_checks(
                 overlaps.append(f"{topic}[{partition}] batches {b1},{b2} both read {lo2}..{hi1}")
             elif lo2 > hi1 + 1:
                 gaps += 1
-                if bootstrap:
-                    n = _committed_records_between(bootstrap, topic, partition, hi1 + 1, lo2 - 1)
+                if kafka:
+                    n = _committed_records_between(kafka, topic, partition, hi1 + 1, lo2 - 1)
                     if n:
                         bad_gaps.append(f"{topic}[{partition}] {hi1 + 1}..{lo2 - 1}: {n} records")
     checks.append(
@@ -145,7 +150,7 @@ def _generation_checks(
     return checks, totals, ranges
 
 
-def audit(spark: SparkSession, warehouse: str, bootstrap: str | None) -> list[Check]:
+def audit(spark: SparkSession, warehouse: str, kafka: KafkaConnection | None) -> list[Check]:
     """Every generation's ledger against itself, the tables and Kafka. A replay's generation
     reads offsets an earlier one read too: each generation's counts must then match the rows the
     tables hold *for its own offset ranges* (decisions agree across generations), and the
@@ -164,7 +169,7 @@ def audit(spark: SparkSession, warehouse: str, bootstrap: str | None) -> list[Ch
     everything: dict[tuple[str, int], list[Span]] = defaultdict(list)
     for (number, app_id), ledger in sorted(generations.items()):
         label = f"generation {number} ({app_id})" if len(generations) > 1 else "ledger"
-        own, totals, ranges = _generation_checks(label, ledger, bootstrap)
+        own, totals, ranges = _generation_checks(label, ledger, kafka)
         checks.extend(own)
         for key, spans in ranges.items():
             everything[key].extend(spans)

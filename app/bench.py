@@ -94,13 +94,14 @@ def _sustained(
 def _consumer_loop(settings: Any) -> dict[str, Any]:
     from confluent_kafka import Consumer, TopicPartition
 
-    from app.kafka_io import consumer_config
+    from app.kafka_io import KafkaConnection, consumer_config
     from app.replay import describe_topic
 
-    parts = describe_topic(settings.bootstrap_servers, settings.input_topic)
+    kafka = KafkaConnection.of(settings)
+    parts = describe_topic(kafka, settings.input_topic)
     consumer = Consumer(
         consumer_config(
-            settings.bootstrap_servers,
+            kafka,
             "adattr-bench",
             committed_only=True,
             **{"enable.partition.eof": True, "fetch.max.bytes": 52_428_800},
@@ -250,14 +251,15 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
     watermark), Spark runs a batch for them and then, the watermark having moved, a batch with
     no records (``noDataMicroBatches``). Each batch's time is Spark's own triggerExecution."""
     from app.generator import GenConfig, plan_traffic, produce
-    from app.kafka_io import app_topics, ensure_topics
+    from app.kafka_io import KafkaConnection, app_topics, ensure_topics
     from app.settings import Settings
     from app.spark import build_spark
     from pipelines import job
     from pipelines.dimension import upsert_dim_ads
 
     settings = Settings.from_env(os.environ)
-    ensure_topics(settings.bootstrap_servers, app_topics(settings))
+    kafka = KafkaConnection.of(settings)
+    ensure_topics(kafka, app_topics(settings))
     traffic = plan_traffic(
         GenConfig.for_settings(
             settings,
@@ -287,7 +289,7 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
     for i in range(rounds + 1):  # the first round warms the job up and is not counted
         seen = len(read)
         chunk = records[i * size : (i + 1) * size]
-        produce(chunk, settings.bootstrap_servers, settings.input_topic, progress=False)
+        produce(chunk, kafka, settings.input_topic, progress=False)
         deadline = time.monotonic() + 300
         # until the batch of these records and the no-data batch after it have both run
         while not (sum(read.values()) >= (i + 1) * size and len(read) >= seen + 2):
@@ -337,7 +339,7 @@ def latency_worker(rate: float, seconds: float, out: Path) -> None:
     from confluent_kafka import Consumer, TopicPartition
 
     from app.generator import GenConfig, plan_traffic, produce
-    from app.kafka_io import app_topics, consumer_config, ensure_topics
+    from app.kafka_io import KafkaConnection, app_topics, consumer_config, ensure_topics
     from app.settings import Settings
     from app.spark import build_spark
     from pipelines import job
@@ -346,7 +348,8 @@ def latency_worker(rate: float, seconds: float, out: Path) -> None:
     from pipelines.publish import Marker
 
     settings = Settings.from_env(os.environ)
-    ensure_topics(settings.bootstrap_servers, app_topics(settings))
+    kafka = KafkaConnection.of(settings)
+    ensure_topics(kafka, app_topics(settings))
     n = int(rate * seconds)
     traffic = plan_traffic(
         GenConfig.for_settings(
@@ -361,9 +364,7 @@ def latency_worker(rate: float, seconds: float, out: Path) -> None:
     gen = job.current_generation(settings.checkpoints)
 
     def watch() -> None:
-        consumer = Consumer(
-            consumer_config(settings.bootstrap_servers, "adattr-bench-lat", committed_only=True)
-        )
+        consumer = Consumer(consumer_config(kafka, "adattr-bench-lat", committed_only=True))
         consumer.assign([TopicPartition(settings.control_topic, 0, 0)])
         while not stop.is_set():
             msg = consumer.poll(0.05)
@@ -379,7 +380,7 @@ def latency_worker(rate: float, seconds: float, out: Path) -> None:
     query = job.start(spark, settings, available_now=False)
     produce(
         traffic.main,
-        settings.bootstrap_servers,
+        kafka,
         settings.input_topic,
         rate=rate,
         progress=False,

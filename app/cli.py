@@ -34,6 +34,11 @@ def local_broker(settings: Settings) -> LocalBroker:
             f"ADATTR_BOOTSTRAP_SERVERS={settings.bootstrap_servers} is not a loopback address; "
             "`adattr up` only starts a local broker (use your cluster's own tooling for others)"
         )
+    if settings.kafka_security_protocol != "PLAINTEXT":
+        raise BrokerError(
+            f"ADATTR_KAFKA_SECURITY_PROTOCOL={settings.kafka_security_protocol}: the local broker "
+            "of `adattr up` and the drills listens on PLAINTEXT only"
+        )
     return LocalBroker(
         data_dir=settings.data_dir / "kafka",
         jars_dir=settings.jars_dir,
@@ -45,7 +50,7 @@ def local_broker(settings: Settings) -> LocalBroker:
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     from app.broker import port_is_free, wait_until_ready
-    from app.kafka_io import app_topics, ensure_topics
+    from app.kafka_io import KafkaConnection, app_topics, ensure_topics
 
     broker = local_broker(settings)
     was_running = broker.status().running
@@ -56,12 +61,12 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
         except BrokerError:
             pass  # not a Kafka broker: start() explains that the port is taken
         else:
-            created = ensure_topics(broker.bootstrap, app_topics(settings))
+            created = ensure_topics(KafkaConnection(broker.bootstrap), app_topics(settings))
             print(f"kafka: using the broker that already answers at {broker.bootstrap}")
             print(f"topics created: {', '.join(created) or 'none (all present)'}")
             return 0
     status = broker.start(timeout=args.timeout)
-    created = ensure_topics(status.bootstrap, app_topics(settings))
+    created = ensure_topics(KafkaConnection(status.bootstrap), app_topics(settings))
     print(f"{'already running' if was_running else 'started'}: {status.describe()}")
     print(f"topics created: {', '.join(created) or 'none (all present)'}")
     return 0
@@ -119,7 +124,7 @@ def gen_config(args: argparse.Namespace, settings: Settings) -> GenConfig:
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     from app.dim_csv import write_dim_csv
     from app.generator import plan_traffic, produce
-    from app.kafka_io import app_topics, ensure_topics
+    from app.kafka_io import KafkaConnection, app_topics, ensure_topics
 
     traffic = plan_traffic(gen_config(args, settings))
     if args.truth:
@@ -135,8 +140,9 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
                 f.write(f"{campaign},{budget.quantize(Decimal('0.01'))}\n")
     records = {"all": traffic.main + traffic.tail, "main": traffic.main, "tail": traffic.tail}
     chosen = records[args.segment]
-    ensure_topics(settings.bootstrap_servers, app_topics(settings))
-    produce(chosen, settings.bootstrap_servers, settings.input_topic, rate=args.rate)
+    kafka = KafkaConnection.of(settings)
+    ensure_topics(kafka, app_topics(settings))
+    produce(chosen, kafka, settings.input_topic, rate=args.rate)
     print(f"generate: {len(chosen):,} records ({args.segment}) to {settings.input_topic}")
     return 0
 
@@ -160,19 +166,20 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     from app import replay as r
+    from app.kafka_io import KafkaConnection
     from app.spark import build_spark
     from pipelines import job
     from pipelines.dimension import DimensionMissingError
     from pipelines.publish import PublishError
 
     topic = settings.input_topic
-    partitions = r.describe_topic(settings.bootstrap_servers, topic)  # checks before Spark
+    partitions = r.describe_topic(KafkaConnection.of(settings), topic)  # checks before Spark
     if args.from_offsets:
         chosen: dict[int, int] | None = r.parse_offsets(args.from_offsets, topic, partitions)
         why = f"replay --from-offsets {args.from_offsets}"
     elif args.from_timestamp:
         ms = r.parse_timestamp(args.from_timestamp)
-        chosen = r.offsets_at(settings.bootstrap_servers, topic, partitions, ms)
+        chosen = r.offsets_at(KafkaConnection.of(settings), topic, partitions, ms)
         why = f"replay --from-timestamp {args.from_timestamp}"
     else:
         chosen, why = None, "replay --from-earliest"
@@ -253,12 +260,13 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
     from app.audit import audit
+    from app.kafka_io import KafkaConnection
     from app.spark import build_spark
     from pipelines.job import current_generation
 
     spark = build_spark(settings, "adattr-audit")
     gen = current_generation(settings.checkpoints)
-    checks = audit(spark, str(settings.warehouse.resolve()), settings.bootstrap_servers)
+    checks = audit(spark, str(settings.warehouse.resolve()), KafkaConnection.of(settings))
     print(f"audit of every generation (current: {gen.number}, {gen.app_id}):")
     for check in checks:
         print(f"  {'OK    ' if check.ok else 'BREACH'} {check.name}: {check.detail}")
@@ -352,6 +360,7 @@ def cmd_quality(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_consume(args: argparse.Namespace, settings: Settings) -> int:
     from app.consumer import BudgetStore, consume, read_budgets_csv
+    from app.kafka_io import KafkaConnection
 
     store = BudgetStore(settings.consumer_db_url)
     try:
@@ -361,7 +370,7 @@ def cmd_consume(args: argparse.Namespace, settings: Settings) -> int:
             print(f"budgets: {len(budgets)} campaigns from {args.budgets}")
         if not args.report or args.until_idle:
             stats = consume(
-                settings.bootstrap_servers,
+                KafkaConnection.of(settings),
                 settings.output_topic,
                 store,
                 until_idle=args.until_idle,
@@ -558,6 +567,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _keep_kafka_client_lines_in_a_file(path: Path) -> None:
+    """librdkafka's own lines (a connection retried, the broker a drill stopped, a client closed
+    while a broker is away) tell an adattr user nothing the command does not say itself: they go
+    to ``path``; the command's errors still reach the console as exceptions. --verbose: stderr."""
+    from app.kafka_io import CLIENT_LOG
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s"))
+    CLIENT_LOG.addHandler(handler)
+    CLIENT_LOG.propagate = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -571,6 +593,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"adattr: bad setting: {exc}", file=sys.stderr)
         return 2
+    if not settings.verbose:
+        _keep_kafka_client_lines_in_a_file(settings.data_dir / "logs" / "kafka-clients.log")
     try:
         return int(args.handler(args, settings))
     except USER_ERRORS as exc:

@@ -20,11 +20,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.crash import crash_point
 from app.errors import UserInputError
 from schemas.ad_metrics import ATTRIBUTIONS, METRICS, PUBLISHED
+
+if TYPE_CHECKING:
+    from app.kafka_io import KafkaConnection
 
 log = logging.getLogger("adattr.consume")
 
@@ -245,7 +248,7 @@ def read_budgets_csv(path: Path) -> list[tuple[str, Decimal]]:
 
 
 def consume(
-    bootstrap: str,
+    kafka: KafkaConnection,
     topic: str,
     store: BudgetStore,
     *,
@@ -262,7 +265,7 @@ def consume(
     consumer = Consumer(
         # read_committed, said explicitly: records of aborted transactions, and of transactions
         # still open, are never delivered; only what the job committed is billed on.
-        consumer_config(bootstrap, "adattr-budget-service", committed_only=True)
+        consumer_config(kafka, "adattr-budget-service", committed_only=True)
     )
     stats = Stats()
     try:

@@ -21,6 +21,7 @@ from pathlib import Path
 from confluent_kafka import KafkaError
 
 from app.errors import UserInputError
+from app.kafka_io import KafkaConnection, admin_client, consumer_config
 from app.settings import Settings
 
 MARKER = ".adattr-demo"
@@ -31,12 +32,10 @@ _LEADERSHIP = (
 )
 
 
-def _topic_has_records(bootstrap: str, topic: str) -> bool:
+def _topic_has_records(kafka: KafkaConnection, topic: str) -> bool:
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    from app.kafka_io import consumer_config
-
-    consumer = Consumer(consumer_config(bootstrap, "adattr-demo-probe", committed_only=True))
+    consumer = Consumer(consumer_config(kafka, "adattr-demo-probe", committed_only=True))
     try:
         metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
         if metadata is None or metadata.error is not None:
@@ -61,13 +60,11 @@ def _topic_has_records(bootstrap: str, topic: str) -> bool:
 
 
 def _reset(settings: Settings) -> None:
-    from confluent_kafka.admin import AdminClient
-
     warehouse, checkpoints = settings.warehouse, settings.checkpoints
     has_tables = warehouse.exists() and any(warehouse.iterdir())
     ours = (warehouse / MARKER).exists()
     if (
-        has_tables or _topic_has_records(settings.bootstrap_servers, settings.input_topic)
+        has_tables or _topic_has_records(KafkaConnection.of(settings), settings.input_topic)
     ) and not ours:
         raise UserInputError(
             f"the demo needs an empty {warehouse} and topic {settings.input_topic}, and these hold "
@@ -76,7 +73,7 @@ def _reset(settings: Settings) -> None:
         )
     shutil.rmtree(warehouse, ignore_errors=True)
     shutil.rmtree(checkpoints, ignore_errors=True)
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    admin = admin_client(KafkaConnection.of(settings))
     mine = (settings.input_topic, settings.output_topic, settings.control_topic)
     doomed = [name for name in mine if name in admin.list_topics(timeout=10).topics]
     if doomed:

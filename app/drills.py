@@ -118,7 +118,7 @@ class Stack:
     def up(self) -> None:
         from app.broker import port_is_free
         from app.cli import local_broker
-        from app.kafka_io import app_topics, ensure_topics
+        from app.kafka_io import KafkaConnection, app_topics, ensure_topics
 
         broker = local_broker(self.settings)
         if broker.status().running or not port_is_free(broker.host, broker.port):
@@ -127,7 +127,8 @@ class Stack:
             broker.start()
             self.started_broker = True
         self.broker = broker
-        ensure_topics(self.settings.bootstrap_servers, app_topics(self.settings))
+        self.kafka = KafkaConnection.of(self.settings)
+        ensure_topics(self.kafka, app_topics(self.settings))
 
     def down(self) -> None:
         if self.started_broker and self.broker is not None:
@@ -162,7 +163,7 @@ class Stack:
     def produce(self, records: list[tuple[bytes, bytes]]) -> None:
         from app.generator import produce
 
-        produce(records, self.settings.bootstrap_servers, self.settings.input_topic, progress=False)
+        produce(records, self.kafka, self.settings.input_topic, progress=False)
 
     # -- the job -------------------------------------------------------------------------------
     def start_job(self, *args: str, crash_at: str = "") -> subprocess.Popen[bytes]:
@@ -234,7 +235,7 @@ class Stack:
                     f"{len(expected['windows']):,} windows, {len(expected['attributions']):,} "
                     f"conversions, {len(expected['sessions']):,} closed sessions)"
                 )
-        checks = audit(spark, warehouse, self.settings.bootstrap_servers)
+        checks = audit(spark, warehouse, self.kafka)
         for c in checks:
             if not c.ok:
                 report.fail(f"audit: {c.name}: {c.detail}")
@@ -424,7 +425,7 @@ def drill_replay(base: Settings, *, seed: int, events: int, full: bool) -> int:
         if full:
             s.check(report)  # (the short drill checks once, at the end: same tables)
         before = s.fingerprint()
-        parts = describe_topic(s.settings.bootstrap_servers, s.settings.input_topic)
+        parts = describe_topic(s.kafka, s.settings.input_topic)
         topic = s.settings.input_topic
         mid = {p: (info.low + info.high) // 2 for p, info in parts.items()}
         first = min(parts)

@@ -27,11 +27,14 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.settings import Settings
 from app.truth import Accepted, expected_results
 from schemas import ad_event as c
+
+if TYPE_CHECKING:
+    from app.kafka_io import KafkaConnection
 
 BASE_TIME = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
 CLICK_RATE = 0.04
@@ -290,7 +293,7 @@ def plan_traffic(cfg: GenConfig) -> Traffic:
 
 def produce(
     records: list[tuple[bytes, bytes]],
-    bootstrap: str,
+    kafka: KafkaConnection,
     topic: str,
     *,
     rate: float | None = None,
@@ -301,7 +304,7 @@ def produce(
 
     from app.kafka_io import producer_config
 
-    producer = Producer(producer_config(bootstrap))
+    producer = Producer(producer_config(kafka))
     failures: list[str] = []
 
     def on_delivery(err: Any, msg: Any) -> None:

@@ -9,13 +9,108 @@ the Java client to read_uncommitted.
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from app.settings import Settings
+from app.settings import Settings, read_password
+
+# librdkafka's own log lines (connection retries, a broker going away in a drill) go to this
+# logger instead of straight to stderr; the CLI sends it to a file unless --verbose.
+CLIENT_LOG = logging.getLogger("adattr.kafka-client")
+
+_JAAS_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+@dataclass(frozen=True)
+class KafkaConnection:
+    """Where Kafka is and how to authenticate to it: the one place the security settings become
+    each client's own keys (librdkafka's for the publisher, consumers, admin calls, generator;
+    the Java client's, prefixed ``kafka.``, for the Spark source). Settings were validated."""
+
+    bootstrap: str
+    protocol: str = "PLAINTEXT"
+    mechanism: str = ""
+    username: str = ""
+    password: str = field(default="", repr=False)
+    ca_file: str = ""
+    client_pem: str = ""
+
+    @classmethod
+    def of(cls, settings: Settings) -> KafkaConnection:
+        password = settings.kafka_sasl_password
+        if settings.kafka_sasl_password_file:
+            password = read_password(Path(settings.kafka_sasl_password_file))
+        return cls(
+            settings.bootstrap_servers,
+            settings.kafka_security_protocol,
+            settings.kafka_sasl_mechanism,
+            settings.kafka_sasl_username,
+            password,
+            str(Path(settings.kafka_ssl_ca_file).resolve()) if settings.kafka_ssl_ca_file else "",
+            str(Path(settings.kafka_ssl_client_pem).resolve())
+            if settings.kafka_ssl_client_pem
+            else "",
+        )
+
+    def librdkafka(self) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap,
+            "security.protocol": self.protocol,
+            "logger": CLIENT_LOG,
+        }
+        if self.protocol.startswith("SASL_"):
+            conf |= {
+                "sasl.mechanism": self.mechanism,
+                "sasl.username": self.username,
+                "sasl.password": self.password,
+            }
+        if self.ca_file:
+            conf["ssl.ca.location"] = self.ca_file
+        if self.client_pem:
+            conf |= {
+                "ssl.certificate.location": self.client_pem,
+                "ssl.key.location": self.client_pem,
+            }
+        return conf
+
+    def spark_options(self) -> dict[str, str]:
+        """The Spark Kafka source's options. The JAAS line holds the password: Spark redacts
+        option values that match ``spark.redaction.regex`` ("password") in plans and the UI."""
+        opts = {
+            "kafka.bootstrap.servers": self.bootstrap,
+            "kafka.security.protocol": self.protocol,
+        }
+        if self.protocol.startswith("SASL_"):
+            opts["kafka.sasl.mechanism"] = self.mechanism
+            opts["kafka.sasl.jaas.config"] = (
+                f"{_JAAS_MODULES[self.mechanism]} required "
+                f'username="{_jaas_quote(self.username)}" password="{_jaas_quote(self.password)}";'
+            )
+        if self.ca_file:
+            opts |= {
+                "kafka.ssl.truststore.type": "PEM",
+                "kafka.ssl.truststore.location": self.ca_file,
+            }
+        if self.client_pem:
+            opts |= {
+                "kafka.ssl.keystore.type": "PEM",
+                "kafka.ssl.keystore.location": self.client_pem,
+            }
+        return opts
+
+
+def _jaas_quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 @dataclass(frozen=True)
@@ -34,9 +129,15 @@ def app_topics(settings: Settings) -> list[TopicSpec]:
     ]
 
 
-def ensure_topics(bootstrap: str, topics: list[TopicSpec], timeout: float = 30.0) -> list[str]:
+def admin_client(kafka: KafkaConnection) -> AdminClient:
+    return AdminClient(kafka.librdkafka())
+
+
+def ensure_topics(
+    kafka: KafkaConnection, topics: list[TopicSpec], timeout: float = 30.0
+) -> list[str]:
     """Creates the topics that do not exist yet; returns the names it created."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = admin_client(kafka)
     existing = set(admin.list_topics(timeout=timeout).topics)
     wanted = [
         NewTopic(t.name, num_partitions=t.partitions, replication_factor=1, config=t.config)
@@ -78,9 +179,9 @@ def _wait_for_leaders(admin: AdminClient, names: list[str], timeout: float) -> N
         time.sleep(0.1)
 
 
-def producer_config(bootstrap: str, **extra: object) -> dict[str, object]:
+def producer_config(kafka: KafkaConnection, **extra: object) -> dict[str, object]:
     return {
-        "bootstrap.servers": bootstrap,
+        **kafka.librdkafka(),
         # Broker-side dedup of retried sends, and ordering per partition under retries.
         "enable.idempotence": True,
         "acks": "all",
@@ -92,10 +193,10 @@ def producer_config(bootstrap: str, **extra: object) -> dict[str, object]:
 
 
 def consumer_config(
-    bootstrap: str, group: str, *, committed_only: bool, **extra: object
+    kafka: KafkaConnection, group: str, *, committed_only: bool, **extra: object
 ) -> dict[str, object]:
     return {
-        "bootstrap.servers": bootstrap,
+        **kafka.librdkafka(),
         "group.id": group,
         # Stated, never defaulted: read_committed hides aborted and open transactions.
         "isolation.level": "read_committed" if committed_only else "read_uncommitted",

@@ -20,6 +20,8 @@ from app.errors import UserInputError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from app.kafka_io import KafkaConnection
+
 EARLIEST = -2  # Spark's startingOffsets code for "the earliest offset still held"
 
 
@@ -79,17 +81,17 @@ def parse_offsets(text: str, topic: str, partitions: dict[int, Partition]) -> di
     return chosen
 
 
-def describe_topic(bootstrap: str, topic: str) -> dict[int, Partition]:
+def describe_topic(kafka: KafkaConnection, topic: str) -> dict[int, Partition]:
     from confluent_kafka import Consumer, TopicPartition
 
     from app.kafka_io import consumer_config
 
-    consumer = Consumer(consumer_config(bootstrap, "adattr-replay", committed_only=True))
+    consumer = Consumer(consumer_config(kafka, "adattr-replay", committed_only=True))
     try:
         meta = consumer.list_topics(topic, timeout=15)
         found = meta.topics.get(topic)
         if found is None or found.error is not None or not found.partitions:
-            raise UserInputError(f"topic {topic} does not exist on {bootstrap}")
+            raise UserInputError(f"topic {topic} does not exist on {kafka.bootstrap}")
         out = {}
         for p in sorted(found.partitions):
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)
@@ -100,7 +102,7 @@ def describe_topic(bootstrap: str, topic: str) -> dict[int, Partition]:
 
 
 def offsets_at(
-    bootstrap: str, topic: str, partitions: dict[int, Partition], ms: int
+    kafka: KafkaConnection, topic: str, partitions: dict[int, Partition], ms: int
 ) -> dict[int, int]:
     """Per partition, the first offset whose Kafka timestamp is at or after ``ms`` (the end
     when there is none)."""
@@ -108,7 +110,7 @@ def offsets_at(
 
     from app.kafka_io import consumer_config
 
-    consumer = Consumer(consumer_config(bootstrap, "adattr-replay", committed_only=True))
+    consumer = Consumer(consumer_config(kafka, "adattr-replay", committed_only=True))
     try:
         found = consumer.offsets_for_times(
             [TopicPartition(topic, p, ms) for p in partitions], timeout=15

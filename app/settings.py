@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
@@ -21,6 +21,8 @@ PREFIX = "ADATTR_"
 SCRIPT_ONLY = frozenset({"ADATTR_PYTHON"})
 STATE_STORES = ("rocksdb", "hdfs")
 DELIVERIES = ("exactly-once", "at-least-once")
+KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
 _DURATION = re.compile(r"^\s*(\d+)\s*(second|minute|hour|day)s?\s*$")
 _UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 
@@ -45,6 +47,38 @@ def parse_duration_seconds(text: str) -> int:
 class Settings:
     bootstrap_servers: str = field(
         default="127.0.0.1:9092", metadata={"doc": "Kafka bootstrap servers (host:port,...)"}
+    )
+    kafka_security_protocol: str = field(
+        default="PLAINTEXT",
+        metadata={"doc": "how every Kafka client connects: " + ", ".join(KAFKA_PROTOCOLS)},
+    )
+    kafka_sasl_mechanism: str = field(
+        default="",
+        metadata={"doc": "SASL_* only: " + ", ".join(SASL_MECHANISMS)},
+    )
+    kafka_sasl_username: str = field(default="", metadata={"doc": "SASL_* only: the user"})
+    kafka_sasl_password: str = field(
+        default="",
+        repr=False,
+        metadata={
+            "doc": "SASL_* only: the password, from the environment (never an argument); or:",
+            "secret": True,
+        },
+    )
+    kafka_sasl_password_file: str = field(
+        default="",
+        metadata={"doc": "SASL_* only: a file whose first line is the password"},
+    )
+    kafka_ssl_ca_file: str = field(
+        default="",
+        metadata={"doc": "SSL/SASL_SSL: PEM file of the CA(s) to trust (default: the system's)"},
+    )
+    kafka_ssl_client_pem: str = field(
+        default="",
+        metadata={
+            "doc": "SSL/SASL_SSL, mutual TLS: one PEM file with the client's certificate chain "
+            "and its unencrypted PKCS#8 private key"
+        },
     )
     warehouse: Path = field(
         default=Path("warehouse"), metadata={"doc": "root of the Delta tables: <warehouse>/<table>"}
@@ -182,7 +216,8 @@ class Settings:
 
     def validate(self) -> None:
         def fail(name: str, why: str) -> NoReturn:
-            raise SettingsError(f"{PREFIX}{name.upper()}={getattr(self, name)!r}: {why}")
+            shown = "<hidden>" if _is_secret(name) else repr(getattr(self, name))
+            raise SettingsError(f"{PREFIX}{name.upper()}={shown}: {why}")
 
         if not self.bootstrap_servers.strip():
             fail("bootstrap_servers", "must name at least one host:port")
@@ -190,6 +225,7 @@ class Settings:
             host, _, port = hp.strip().rpartition(":")
             if not host or not port.isdigit():
                 fail("bootstrap_servers", f"{hp!r} is not host:port")
+        self._validate_kafka_security(fail)
         if self.delivery not in DELIVERIES:
             fail("delivery", f"must be one of {', '.join(DELIVERIES)}")
         if self.state_store not in STATE_STORES:
@@ -215,6 +251,68 @@ class Settings:
         for name in ("input_topic", "output_topic", "control_topic"):
             if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", getattr(self, name)):
                 fail(name, "is not a valid Kafka topic name")
+
+    def _validate_kafka_security(self, fail: Callable[[str, str], NoReturn]) -> None:
+        protocol = self.kafka_security_protocol
+        if protocol not in KAFKA_PROTOCOLS:
+            fail("kafka_security_protocol", f"must be one of {', '.join(KAFKA_PROTOCOLS)}")
+        sasl = (
+            "kafka_sasl_mechanism",
+            "kafka_sasl_username",
+            "kafka_sasl_password",
+            "kafka_sasl_password_file",
+        )
+        if protocol.startswith("SASL_"):
+            if self.kafka_sasl_mechanism not in SASL_MECHANISMS:
+                fail("kafka_sasl_mechanism", f"must be one of {', '.join(SASL_MECHANISMS)}")
+            if not self.kafka_sasl_username:
+                fail("kafka_sasl_username", f"{protocol} needs a user name")
+            if bool(self.kafka_sasl_password) == bool(self.kafka_sasl_password_file):
+                fail(
+                    "kafka_sasl_password_file",
+                    f"{protocol} needs the password from exactly one of "
+                    f"{PREFIX}KAFKA_SASL_PASSWORD and {PREFIX}KAFKA_SASL_PASSWORD_FILE",
+                )
+            if self.kafka_sasl_password_file:
+                try:
+                    password = read_password(Path(self.kafka_sasl_password_file))
+                except OSError as exc:
+                    fail("kafka_sasl_password_file", f"cannot be read ({exc.strerror})")
+                if not password:
+                    fail("kafka_sasl_password_file", "holds no password on its first line")
+        else:
+            for name in sasl:
+                if getattr(self, name):
+                    fail(name, f"is for SASL_SSL or SASL_PLAINTEXT, not {protocol}")
+        for name in ("kafka_ssl_ca_file", "kafka_ssl_client_pem"):
+            path = getattr(self, name)
+            if not path:
+                continue
+            if not protocol.endswith("SSL"):
+                fail(name, f"is for SSL or SASL_SSL, not {protocol}")
+            try:
+                text = Path(path).read_text(errors="replace")
+            except OSError as exc:
+                fail(name, f"cannot be read ({exc.strerror})")
+            blocks = set(re.findall(r"-----BEGIN ([A-Z0-9 ]+)-----", text))
+            if "CERTIFICATE" not in blocks:
+                fail(name, "holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+            if name == "kafka_ssl_client_pem" and "PRIVATE KEY" not in blocks:
+                fail(
+                    name,
+                    "holds no unencrypted PKCS#8 private key (-----BEGIN PRIVATE KEY-----); "
+                    "`openssl pkcs8 -topk8 -nocrypt` converts one",
+                )
+
+
+def read_password(path: Path) -> str:
+    """The first line of a password file, without its line end."""
+    lines = path.read_text().splitlines()
+    return lines[0] if lines else ""
+
+
+def _is_secret(name: str) -> bool:
+    return any(f.name == name and f.metadata.get("secret") for f in dataclasses.fields(Settings))
 
 
 def _convert(var: str, raw: str, kind: object) -> object:

@@ -31,7 +31,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from app.kafka_io import app_topics, ensure_topics
+from app.kafka_io import KafkaConnection, app_topics, ensure_topics
 from app.settings import Settings
 from pipelines.dimension import dim_snapshot
 from pipelines.publish import PlainPublisher, Publisher, TransactionalPublisher
@@ -134,7 +134,7 @@ def read_events(
 ) -> DataFrame:
     reader = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .options(**KafkaConnection.of(settings).spark_options())
         .option("subscribe", settings.input_topic)
         .option("startingOffsets", starting_offsets)
         # Only committed records: an aborted or still-open producer transaction is never read.
@@ -175,11 +175,12 @@ def start(
     dim_snapshot(spark, warehouse, int(time.time() * 1000))  # fail early if dim_ads is missing
     create_tables(spark, warehouse)
     gen = current_generation(settings.checkpoints)
-    ensure_topics(settings.bootstrap_servers, app_topics(settings))
+    kafka = KafkaConnection.of(settings)
+    ensure_topics(kafka, app_topics(settings))
     exactly_once = settings.delivery == "exactly-once"
     publisher: Publisher = (
         TransactionalPublisher(
-            settings.bootstrap_servers,
+            kafka,
             output_topic=settings.output_topic,
             control_topic=settings.control_topic,
             transactional_id=settings.publisher_transactional_id,
@@ -187,7 +188,7 @@ def start(
             generation=gen.number,
         )
         if exactly_once
-        else PlainPublisher(settings.bootstrap_servers, output_topic=settings.output_topic)
+        else PlainPublisher(kafka, output_topic=settings.output_topic)
     )
     sink = AttributionSink(
         spark,

@@ -35,7 +35,7 @@ from confluent_kafka import (
 )
 
 from app.crash import crash_point
-from app.kafka_io import consumer_config, producer_config
+from app.kafka_io import KafkaConnection, consumer_config, producer_config
 
 log = logging.getLogger("adattr.publish")
 
@@ -64,12 +64,14 @@ class Marker:
         return json.dumps(self.__dict__, sort_keys=True).encode()
 
 
-def last_committed_batch(bootstrap: str, control_topic: str, app_id: str, timeout: float) -> int:
+def last_committed_batch(
+    kafka: KafkaConnection, control_topic: str, app_id: str, timeout: float
+) -> int:
     """The newest batch id with a committed marker for ``app_id`` (-1 when none): reads the
     control topic to its end, committed records only."""
     consumer = Consumer(
         consumer_config(
-            bootstrap,
+            kafka,
             f"adattr-control-reader-{app_id}",
             committed_only=True,
             **{"enable.partition.eof": True},
@@ -126,10 +128,10 @@ class PlainPublisher:
 
     transactional_id: str | None = None
 
-    def __init__(self, bootstrap: str, *, output_topic: str, timeout: float = 60.0) -> None:
+    def __init__(self, kafka: KafkaConnection, *, output_topic: str, timeout: float = 60.0) -> None:
         self.output_topic = output_topic
         self.timeout = timeout
-        self.producer = Producer(producer_config(bootstrap, **{"enable.idempotence": False}))
+        self.producer = Producer(producer_config(kafka, **{"enable.idempotence": False}))
 
     def publish(
         self, batch_id: int, records: Callable[[], Iterable[Record]], *, crash_at: str = ""
@@ -163,7 +165,7 @@ class TransactionalPublisher:
 
     def __init__(
         self,
-        bootstrap: str,
+        kafka: KafkaConnection,
         *,
         output_topic: str,
         control_topic: str,
@@ -180,7 +182,7 @@ class TransactionalPublisher:
         self.timeout = timeout
         self.producer = Producer(
             producer_config(
-                bootstrap,
+                kafka,
                 **{
                     "transactional.id": transactional_id,
                     "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
@@ -189,7 +191,7 @@ class TransactionalPublisher:
         )
         # Fences any earlier producer with this id and aborts the transaction it left open.
         self._call(lambda: self.producer.init_transactions(timeout), "init_transactions")
-        self.last_committed = last_committed_batch(bootstrap, control_topic, app_id, timeout)
+        self.last_committed = last_committed_batch(kafka, control_topic, app_id, timeout)
         log.info(
             "publisher %s ready: last committed batch of %s is %d",
             transactional_id,

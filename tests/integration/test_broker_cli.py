@@ -56,3 +56,30 @@ def test_port_taken_is_a_clear_error(tmp_path: Path) -> None:
     assert f"port 127.0.0.1:{port} is already taken" in up.stderr
     assert "Traceback" not in up.stderr
     assert _our_jvms(tmp_path) == []
+
+
+def test_security_settings_are_checked_before_anything_starts(tmp_path: Path) -> None:
+    """A security setting that does not fit is one line naming it (exit 2), the password never
+    shown; the local broker, PLAINTEXT only, refuses a secured configuration (exit 1)."""
+    env = _env(tmp_path, free_port(), free_port())
+    secret = "hunter2-do-not-print"
+    (tmp_path / "pw").write_text(secret + "\n")
+    sasl = {
+        **env,
+        "ADATTR_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "ADATTR_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "ADATTR_KAFKA_SASL_USERNAME": "adattr-job",
+        "ADATTR_KAFKA_SASL_PASSWORD_FILE": str(tmp_path / "pw"),
+    }
+    both = run_adattr({**sasl, "ADATTR_KAFKA_SASL_PASSWORD": secret}, "up")
+    assert both.returncode == 2
+    assert both.stderr.startswith("adattr: bad setting: ADATTR_KAFKA_SASL_PASSWORD_FILE=")
+    assert "exactly one of" in both.stderr and secret not in both.stdout + both.stderr
+    stray = run_adattr({**env, "ADATTR_KAFKA_SASL_PASSWORD": secret}, "status")
+    assert stray.returncode == 2 and "ADATTR_KAFKA_SASL_PASSWORD=<hidden>" in stray.stderr
+    assert secret not in stray.stdout + stray.stderr
+    up = run_adattr(sasl, "up")
+    assert up.returncode == 1
+    assert "ADATTR_KAFKA_SECURITY_PROTOCOL=SASL_SSL: the local broker" in up.stderr
+    assert "Traceback" not in up.stderr and secret not in up.stdout + up.stderr
+    assert _our_jvms(tmp_path) == []

@@ -23,7 +23,13 @@ from pyspark.sql import functions as F
 
 from app.consumer import BudgetStore, consume
 from app.generator import GenConfig, plan_traffic, produce
-from app.kafka_io import app_topics, consumer_config, ensure_topics, producer_config
+from app.kafka_io import (
+    KafkaConnection,
+    app_topics,
+    consumer_config,
+    ensure_topics,
+    producer_config,
+)
 from app.settings import Settings
 from pipelines import tables as t
 from pipelines.dimension import upsert_dim_ads
@@ -47,14 +53,14 @@ def settings(base_settings: Settings, kafka_bootstrap: str, tmp_path_factory) ->
     )
 
 
-def committed_records(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+def committed_records(kafka: KafkaConnection, topic: str) -> list[dict[str, Any]]:
     """Every committed record of the topic (read_committed), ordered by (partition, offset).
 
     A consumer interleaves partitions in whatever order their fetches return, so two reads of
     the same committed records only compare equal once put in that order."""
     consumer = Consumer(
         consumer_config(
-            bootstrap, "eo-test-reader", committed_only=True, **{"enable.partition.eof": True}
+            kafka, "eo-test-reader", committed_only=True, **{"enable.partition.eof": True}
         )
     )
     try:
@@ -115,9 +121,9 @@ def test_crashes_between_and_inside_commits_leave_an_exact_downstream_view(
         settings, events=2000, seed=23, users=300, ads=20, late_ratio=0, step_ms=1000
     )
     traffic = plan_traffic(cfg)
-    ensure_topics(settings.bootstrap_servers, app_topics(settings))
+    ensure_topics(KafkaConnection.of(settings), app_topics(settings))
     upsert_dim_ads(spark, str(settings.warehouse.resolve()), traffic.dim_rows)
-    produce(traffic.main, settings.bootstrap_servers, settings.input_topic, progress=False)
+    produce(traffic.main, KafkaConnection.of(settings), settings.input_topic, progress=False)
     db = tmp_path / "budget.db"
     budgets = tmp_path / "budgets.csv"
     campaigns = sorted(traffic.truth["campaigns"].items())
@@ -134,13 +140,13 @@ def test_crashes_between_and_inside_commits_leave_an_exact_downstream_view(
     done = adattr("run", "--available-now", crash_at="after_delta_before_kafka:2")
     assert done.returncode == -9, done.stderr[-3000:]
     assert "crash point after_delta_before_kafka" in done.stderr
-    first = committed_records(settings.bootstrap_servers, settings.output_topic)
+    first = committed_records(KafkaConnection.of(settings), settings.output_topic)
     assert first and {r["batch_id"] for r in first} == {0}
 
     # 2. Restarted, it re-executes that batch and is killed inside its open transaction.
     done = adattr("run", "--available-now", crash_at="in_kafka_transaction")
     assert done.returncode == -9, done.stderr[-3000:]
-    assert committed_records(settings.bootstrap_servers, settings.output_topic) == first
+    assert committed_records(KafkaConnection.of(settings), settings.output_topic) == first
 
     # The consumer reads what is committed and stops at the open transaction; nothing else.
     partial = adattr("consume", "--until-idle", "--idle-seconds", "3", "--budgets", str(budgets))
@@ -149,7 +155,7 @@ def test_crashes_between_and_inside_commits_leave_an_exact_downstream_view(
 
     # 3. Meanwhile another producer writes bogus metrics in a transaction and aborts it.
     bogus = Producer(
-        producer_config(settings.bootstrap_servers, **{"transactional.id": "eo-bogus"})
+        producer_config(KafkaConnection.of(settings), **{"transactional.id": "eo-bogus"})
     )
     bogus.init_transactions(30)
     bogus.begin_transaction()
@@ -163,7 +169,7 @@ def test_crashes_between_and_inside_commits_leave_an_exact_downstream_view(
     # 4. The restart fences the dead producer (aborting its open transaction) and finishes.
     done = adattr("run", "--available-now")
     assert done.returncode == 0, done.stderr[-3000:]
-    records = committed_records(settings.bootstrap_servers, settings.output_topic)
+    records = committed_records(KafkaConnection.of(settings), settings.output_topic)
     ids = [r["record_id"] for r in records]
     assert len(ids) == len(set(ids)), "a record id was committed twice"
     assert "bogus" not in ids
@@ -196,18 +202,18 @@ def test_consume_with_nothing_left_is_a_no_op(settings: Settings, tmp_path: Path
     """A consumer on a fresh database catches up from the beginning; run again, it applies
     nothing (its offsets are in the database, not in Kafka's group)."""
     db = tmp_path / "again.db"
-    ensure_topics(settings.bootstrap_servers, app_topics(settings))
+    ensure_topics(KafkaConnection.of(settings), app_topics(settings))
     store = BudgetStore(f"sqlite:///{db}")
     try:
         first = consume(
-            settings.bootstrap_servers,
+            KafkaConnection.of(settings),
             settings.output_topic,
             store,
             until_idle=True,
             idle_seconds=2,
         )
         second = consume(
-            settings.bootstrap_servers,
+            KafkaConnection.of(settings),
             settings.output_topic,
             store,
             until_idle=True,
@@ -217,5 +223,5 @@ def test_consume_with_nothing_left_is_a_no_op(settings: Settings, tmp_path: Path
         store.close()
     assert second.records == 0
     assert first.records == len(
-        committed_records(settings.bootstrap_servers, settings.output_topic)
+        committed_records(KafkaConnection.of(settings), settings.output_topic)
     )

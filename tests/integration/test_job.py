@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 
 from app.audit import audit
 from app.generator import GenConfig, plan_traffic, produce
-from app.kafka_io import app_topics, ensure_topics
+from app.kafka_io import KafkaConnection, app_topics, ensure_topics
 from app.quality import run_quality
 from app.reconcile import reconcile
 from app.settings import Settings
@@ -94,12 +94,12 @@ def golden(spark: SparkSession, settings: Settings):  # type: ignore[no-untyped-
         step_ms=1000,
     )
     traffic = plan_traffic(cfg)
-    ensure_topics(settings.bootstrap_servers, app_topics(settings))
+    ensure_topics(KafkaConnection.of(settings), app_topics(settings))
     upsert_dim_ads(spark, _warehouse(settings), traffic.dim_rows)
-    produce(traffic.main, settings.bootstrap_servers, settings.input_topic, progress=False)
+    produce(traffic.main, KafkaConnection.of(settings), settings.input_topic, progress=False)
     _stop_after(spark, settings, batches=3)
     job.run(spark, settings, available_now=True)
-    produce(traffic.tail, settings.bootstrap_servers, settings.input_topic, progress=False)
+    produce(traffic.tail, KafkaConnection.of(settings), settings.input_topic, progress=False)
     job.run(spark, settings, available_now=True)
     return traffic
 
@@ -139,7 +139,7 @@ def test_golden_end_to_end_matches_truth_exactly(spark, settings: Settings, gold
 def test_audit_passes_on_the_golden_run_and_catches_a_doubled_record(
     spark, settings: Settings, golden, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    checks = audit(spark, _warehouse(settings), settings.bootstrap_servers)
+    checks = audit(spark, _warehouse(settings), KafkaConnection.of(settings))
     assert [c.name for c in checks if not c.ok] == []
     assert len(checks) >= 10
     copy = tmp_path / "warehouse"

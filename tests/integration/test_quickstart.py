@@ -31,9 +31,9 @@ def test_demo_generates_runs_and_verifies(kafka_bootstrap: str, tmp_path: Path) 
     # The budget service read the job's transactional output and raised the alerts it should.
     assert "consume: " in done.stdout and "budget alerts: " in done.stdout
     assert "budget alerts: 0" not in done.stdout
-    # Spark's and the JVM's own warnings go to the log file, not to the user's console.
+    # Spark's, the JVM's and librdkafka's own lines go to log files, not to the console.
     console = done.stdout + done.stderr
-    for noise in (" WARN ", "WARNING: ", "log4j", "SPARK_LOCAL_IP"):
+    for noise in (" WARN ", "WARNING: ", "log4j", "SPARK_LOCAL_IP", "rdkafka#"):
         assert noise not in console, f"{noise!r} on the console:\n{console[-3000:]}"
     assert " WARN " in (tmp_path / "data" / "logs" / "spark.log").read_text()
     # A second demo resets what the first created and verifies again.

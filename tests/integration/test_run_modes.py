@@ -15,7 +15,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from app.generator import GenConfig, plan_traffic, produce
-from app.kafka_io import app_topics, ensure_topics
+from app.kafka_io import KafkaConnection, app_topics, ensure_topics
 from app.settings import Settings
 from app.spark import STATE_STORE_PROVIDERS
 from app.verify import diff, observed
@@ -40,7 +40,7 @@ def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Sett
     """The signal goes to the job's whole process group, as systemd, ``timeout`` and
     ``kill -- -PGID`` send it: the Spark JVM must not die under the driver mid-batch."""
     traffic = plan_traffic(GenConfig(events=2000, seed=5, users=50, ads=10, late_ratio=0))
-    ensure_topics(settings.bootstrap_servers, app_topics(settings))
+    ensure_topics(KafkaConnection.of(settings), app_topics(settings))
     upsert_dim_ads(spark, str(settings.warehouse.resolve()), traffic.dim_rows)
     env = settings_env(settings, max_offsets_per_trigger="700")  # several batches
     proc = subprocess.Popen(
@@ -52,7 +52,7 @@ def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Sett
         start_new_session=True,  # a group of its own, which the signal below goes to
     )
     try:
-        produce(traffic.main, settings.bootstrap_servers, settings.input_topic, progress=False)
+        produce(traffic.main, KafkaConnection.of(settings), settings.input_topic, progress=False)
         deadline = time.monotonic() + 300
         while _ledger_read(spark, settings) < traffic.truth["records"]:
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
@@ -87,7 +87,7 @@ def test_dimension_change_is_picked_up_by_later_batches(spark, settings: Setting
 
 
 def _dimension_change(spark: SparkSession, settings: Settings, warehouse: str) -> None:
-    ensure_topics(settings.bootstrap_servers, app_topics(settings))
+    ensure_topics(KafkaConnection.of(settings), app_topics(settings))
     upsert_dim_ads(spark, warehouse, [("ad-1", "cmp-1", "adv-1", Decimal("2"), Decimal("1"))])
 
     def send(ids: list[str], minute: int) -> None:
@@ -95,7 +95,7 @@ def _dimension_change(spark: SparkSession, settings: Settings, warehouse: str) -
             (b"u1", json.dumps(event(i, event_time=f"2026-11-20T10:{minute:02d}:00.000Z")).encode())
             for i in ids
         ]
-        produce(values, settings.bootstrap_servers, settings.input_topic, progress=False)
+        produce(values, KafkaConnection.of(settings), settings.input_topic, progress=False)
 
     send(["a1", "a2"], 0)
     job.run(spark, settings, available_now=True)

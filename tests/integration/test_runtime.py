@@ -5,18 +5,20 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from app.kafka_io import TopicSpec, consumer_config, ensure_topics, producer_config
+from app.kafka_io import KafkaConnection, TopicSpec, consumer_config, ensure_topics, producer_config
 from app.settings import Settings
 from pipelines.delta_writes import delta_txn
 
 pytestmark = pytest.mark.integration
 
 
-def _drain(bootstrap: str, topic: str, partitions: int, *, committed_only: bool) -> list[bytes]:
+def _drain(
+    kafka: KafkaConnection, topic: str, partitions: int, *, committed_only: bool
+) -> list[bytes]:
     """Every record of the topic visible at this isolation level, read until end of partition."""
     consumer = Consumer(
         consumer_config(
-            bootstrap,
+            kafka,
             f"drain-{topic}-{committed_only}",
             committed_only=committed_only,
             **{"enable.partition.eof": True},
@@ -41,10 +43,10 @@ def _drain(bootstrap: str, topic: str, partitions: int, *, committed_only: bool)
 
 @pytest.fixture
 def txn_topic(settings: Settings) -> str:
-    ensure_topics(settings.bootstrap_servers, [TopicSpec(settings.input_topic, 2, {})])
+    ensure_topics(KafkaConnection.of(settings), [TopicSpec(settings.input_topic, 2, {})])
     producer = Producer(
         producer_config(
-            settings.bootstrap_servers, **{"transactional.id": f"t-{settings.input_topic}"}
+            KafkaConnection.of(settings), **{"transactional.id": f"t-{settings.input_topic}"}
         )
     )
     producer.init_transactions(30)
@@ -67,8 +69,8 @@ def txn_topic(settings: Settings) -> str:
 def test_read_committed_consumer_sees_only_committed_records(
     settings: Settings, txn_topic: str
 ) -> None:
-    committed = _drain(settings.bootstrap_servers, txn_topic, 2, committed_only=True)
-    everything = _drain(settings.bootstrap_servers, txn_topic, 2, committed_only=False)
+    committed = _drain(KafkaConnection.of(settings), txn_topic, 2, committed_only=True)
+    everything = _drain(KafkaConnection.of(settings), txn_topic, 2, committed_only=False)
     assert sorted(committed) == [b"committed-0", b"committed-1", b"committed-2"]
     assert sorted(everything) == sorted([*committed, b"aborted-0", b"aborted-1"])
 
@@ -77,7 +79,7 @@ def test_spark_kafka_batch_read_committed(spark, settings: Settings, txn_topic: 
     def read(level: str) -> list[str]:
         rows = (
             spark.read.format("kafka")
-            .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+            .options(**KafkaConnection.of(settings).spark_options())
             .option("subscribe", txn_topic)
             .option("startingOffsets", "earliest")
             .option("endingOffsets", "latest")
@@ -132,3 +134,20 @@ def test_delta_merge_is_idempotent_under_txn_app_id(spark, settings: Settings) -
     assert snapshot() == {"a": 21, "b": 2, "c": 10}
     # The settings never leak into later writes of the session.
     assert spark.conf.get("spark.databricks.delta.write.txnAppId", None) is None
+
+
+def test_the_jaas_line_parses_in_kafka_and_is_redacted_from_plans(spark) -> None:  # type: ignore[no-untyped-def]
+    """The Spark source's SASL login line, read by Kafka's own JAAS parser, gives back the exact
+    user and password (a quote and a backslash in it); the source's plan shows it redacted."""
+    password = 'pa"ss\\word-7f3a'
+    kafka = KafkaConnection("127.0.0.1:1", "SASL_SSL", "SCRAM-SHA-512", "adattr-job", password)
+    options = kafka.spark_options()
+    parsed = spark._jvm.org.apache.kafka.common.security.JaasConfig(
+        "KafkaClient", options["kafka.sasl.jaas.config"]
+    ).getAppConfigurationEntry("KafkaClient")[0]
+    assert parsed.getLoginModuleName().endswith(".ScramLoginModule")
+    assert dict(parsed.getOptions()) == {"username": "adattr-job", "password": password}
+    source = spark.readStream.format("kafka").options(**options).option("subscribe", "t").load()
+    plan = source._jdf.queryExecution().toString()
+    assert "kafka.sasl.jaas.config=*********(redacted)" in plan
+    assert "7f3a" not in plan
