@@ -300,13 +300,15 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
             query.awaitTermination(1)
         if i == 0:
             warm = set(read)
+    # The observer runs inside a batch; Spark posts the batch's progress after it returns. Wait
+    # for every observed batch's progress (the last one's was missing once: one round uncounted).
+    progress = _progress_of(query, set(read), timeout=120)
     data: list[float] = []
     empty: list[float] = []
     data_steps: list[dict[str, float]] = []
     empty_steps: list[dict[str, float]] = []
-    for p in (json.loads(p.json) for p in query.recentProgress):
-        b = int(p["batchId"])
-        if b in read and b not in warm:
+    for b, p in sorted(progress.items()):
+        if b not in warm:
             seconds = int(p["durationMs"].get("triggerExecution", 0)) / 1000
             (data if read[b] else empty).append(seconds)
             (data_steps if read[b] else empty_steps).append(steps[b])
@@ -326,6 +328,20 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
             }
         )
     )
+
+
+def _progress_of(query: Any, batches: set[int], timeout: float) -> dict[int, dict[str, Any]]:
+    """The progress of each of ``batches``, once Spark has posted all of them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        posted = {int(p["batchId"]): p for p in (json.loads(p.json) for p in query.recentProgress)}
+        if batches <= set(posted):
+            return {b: posted[b] for b in batches}
+        if query.exception() is not None:
+            raise SystemExit(f"the job failed: {query.exception()}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no progress for batches {sorted(batches - set(posted))}")
+        query.awaitTermination(0.2)
 
 
 def _median_steps(steps: list[dict[str, float]]) -> dict[str, float]:
