@@ -62,6 +62,7 @@ def test_security_settings_are_checked_before_anything_starts(tmp_path: Path) ->
     """A security setting that does not fit is one line naming it (exit 2), the password never
     shown; the local broker, PLAINTEXT only, refuses a secured configuration (exit 1)."""
     env = _env(tmp_path, free_port(), free_port())
+    # pragma: allowlist nextline secret (a test value, not a real one)
     secret = "hunter2-do-not-print"
     (tmp_path / "pw").write_text(secret + "\n")
     sasl = {

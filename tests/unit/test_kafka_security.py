@@ -12,6 +12,7 @@ from app.settings import Settings, SettingsError
 
 PASSWORD = 'pa"ss\\word-7f3a'  # a quote and a backslash: the JAAS line must escape both
 CERT = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+# pragma: allowlist nextline secret (a test value, not a real one)
 KEY = "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"
 
 
@@ -70,6 +71,7 @@ def test_sasl_ssl_with_mutual_tls_maps_to_both_clients(pems: dict[str, str]) -> 
         "kafka.security.protocol": "SASL_SSL",
         "kafka.sasl.mechanism": "SCRAM-SHA-512",
         "kafka.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule "
+        # pragma: allowlist nextline secret (a test value, not a real one)
         'required username="adattr-job" password="pa\\"ss\\\\word-7f3a";',
         "kafka.ssl.truststore.type": "PEM",
         "kafka.ssl.truststore.location": pems["ADATTR_KAFKA_SSL_CA_FILE"],
