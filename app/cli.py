@@ -172,14 +172,14 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     from pipelines.dimension import DimensionMissingError
     from pipelines.publish import PublishError
 
-    topic = settings.input_topic
-    partitions = r.describe_topic(KafkaConnection.of(settings), topic)  # checks before Spark
+    topic, kafka = settings.input_topic, KafkaConnection.of(settings)
+    partitions = r.describe_topic(kafka, topic)  # checks before Spark
     if args.from_offsets:
         chosen: dict[int, int] | None = r.parse_offsets(args.from_offsets, topic, partitions)
         why = f"replay --from-offsets {args.from_offsets}"
     elif args.from_timestamp:
         ms = r.parse_timestamp(args.from_timestamp)
-        chosen = r.offsets_at(KafkaConnection.of(settings), topic, partitions, ms)
+        chosen = r.offsets_at(kafka, topic, partitions, ms)
         why = f"replay --from-timestamp {args.from_timestamp}"
     else:
         chosen, why = None, "replay --from-earliest"

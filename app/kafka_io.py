@@ -56,10 +56,8 @@ class KafkaConnection:
             settings.kafka_sasl_mechanism,
             settings.kafka_sasl_username,
             password,
-            str(Path(settings.kafka_ssl_ca_file).resolve()) if settings.kafka_ssl_ca_file else "",
-            str(Path(settings.kafka_ssl_client_pem).resolve())
-            if settings.kafka_ssl_client_pem
-            else "",
+            _absolute(settings.kafka_ssl_ca_file),
+            _absolute(settings.kafka_ssl_client_pem),
         )
 
     def librdkafka(self) -> dict[str, Any]:
@@ -107,6 +105,10 @@ class KafkaConnection:
                 "kafka.ssl.keystore.location": self.client_pem,
             }
         return opts
+
+
+def _absolute(path: str) -> str:
+    return str(Path(path).resolve()) if path else ""
 
 
 def _jaas_quote(value: str) -> str:

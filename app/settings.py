@@ -60,10 +60,7 @@ class Settings:
     kafka_sasl_password: str = field(
         default="",
         repr=False,
-        metadata={
-            "doc": "SASL_* only: the password, from the environment (never an argument); or:",
-            "secret": True,
-        },
+        metadata={"doc": "SASL_* only: the password, from the environment (never an argument)"},
     )
     kafka_sasl_password_file: str = field(
         default="",
@@ -313,7 +310,8 @@ def read_password(path: Path) -> str:
 
 
 def _is_secret(name: str) -> bool:
-    return any(f.name == name and f.metadata.get("secret") for f in dataclasses.fields(Settings))
+    """A field kept out of the repr is kept out of error messages too."""
+    return any(f.name == name and not f.repr for f in dataclasses.fields(Settings))
 
 
 def _convert(var: str, raw: str, kind: object) -> object:
