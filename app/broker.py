@@ -21,6 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.secure_kafka import SecureKafka
 
 INFRA = Path(__file__).resolve().parent.parent / "infra" / "kafka"
 
@@ -66,14 +70,16 @@ class BrokerStatus:
     pid: int | None
     bootstrap: str
     data_dir: Path
+    secure: bool = False
 
     def describe(self) -> str:
+        name = "kafka (SASL_SSL, ACLs)" if self.secure else "kafka"
         if self.running:
             return (
-                f"kafka: running, pid {self.pid}, bootstrap {self.bootstrap}, "
+                f"{name}: running, pid {self.pid}, bootstrap {self.bootstrap}, "
                 f"data and logs in {self.data_dir}"
             )
-        return f"kafka: not running (data folder {self.data_dir})"
+        return f"{name}: not running (data folder {self.data_dir})"
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ class LocalBroker:
     port: int = 9092
     controller_port: int = 9093
     heap: str = "768m"
+    secure: SecureKafka | None = None  # `adattr up --secure`: SASL_SSL, SCRAM users, ACLs
 
     @property
     def bootstrap(self) -> str:
@@ -106,7 +113,9 @@ class LocalBroker:
 
     def status(self) -> BrokerStatus:
         pid = self._pid()
-        return BrokerStatus(pid is not None, pid, self.bootstrap, self.data_dir.resolve())
+        return BrokerStatus(
+            pid is not None, pid, self.bootstrap, self.data_dir.resolve(), self.secure is not None
+        )
 
     def _java(self, main: str, *args: str) -> list[str]:
         kafka_jars = self.jars_dir / "kafka"
@@ -129,22 +138,38 @@ class LocalBroker:
         ]
 
     def _write_config(self) -> Path:
+        values = {
+            "host": self.host,
+            "port": str(self.port),
+            "controller_port": str(self.controller_port),
+            "log_dirs": str(self.data_dir.resolve() / "data"),
+        }
+        text = Template((INFRA / "server.properties").read_text()).substitute(values)
+        if self.secure is not None:
+            values |= self.secure.broker_values()
+            overlay = Template((INFRA / "server-secure.properties").read_text()).substitute(values)
+            text = _overlay(text, overlay)
         config = self.data_dir / "server.properties"
-        text = Template((INFRA / "server.properties").read_text()).substitute(
-            host=self.host,
-            port=self.port,
-            controller_port=self.controller_port,
-            log_dirs=self.data_dir.resolve() / "data",
-        )
-        config.write_text(text)
+        # 0600 from the start: the secure broker's file holds its own password.
+        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
         return config
+
+    def _admin_config(self) -> dict[str, Any]:
+        if self.secure is None:
+            return {"bootstrap.servers": self.bootstrap}
+        return self.secure.connection(self.bootstrap).librdkafka()
 
     def _format_once(self, config: Path) -> None:
         if (self.data_dir / "data" / "meta.properties").exists():
             return
         cluster_id = new_cluster_id()
+        args = ["format", "-t", cluster_id, "-c", str(config)]
+        if self.secure is not None:  # the broker's own user must exist before it starts
+            args += ["--add-scram", self.secure.format_scram_argument()]
         done = subprocess.run(
-            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
+            self._java("kafka.tools.StorageTool", *args),
             capture_output=True,
             text=True,
             check=False,
@@ -155,7 +180,7 @@ class LocalBroker:
     def start(self, timeout: float = 90.0) -> BrokerStatus:
         current = self.status()
         if current.running:
-            wait_until_ready(self.bootstrap, timeout)
+            wait_until_ready(self.bootstrap, timeout, conf=self._admin_config())
             return current
         for port in (self.port, self.controller_port):
             if not port_is_free(self.host, port):
@@ -177,7 +202,12 @@ class LocalBroker:
             )
         self.pid_file.write_text(str(proc.pid))
         try:
-            wait_until_ready(self.bootstrap, timeout, alive=lambda: proc.poll() is None)
+            wait_until_ready(
+                self.bootstrap,
+                timeout,
+                alive=lambda: proc.poll() is None,
+                conf=self._admin_config(),
+            )
         except BrokerError as exc:
             self.stop()
             raise BrokerError(f"{exc}; last lines of {self.log_file}:\n{self.tail_log()}") from None
@@ -217,12 +247,15 @@ def _reap(pid: int) -> None:
 
 
 def wait_until_ready(
-    bootstrap: str, timeout: float, alive: Callable[[], bool] = lambda: True
+    bootstrap: str,
+    timeout: float,
+    alive: Callable[[], bool] = lambda: True,
+    conf: dict[str, Any] | None = None,
 ) -> None:
     """Returns once the broker answers a metadata request; raises BrokerError otherwise."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, **(conf or {})})
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
     while time.monotonic() < deadline:
@@ -237,6 +270,24 @@ def wait_until_ready(
         time.sleep(0.2)
     raise BrokerError(
         f"the Kafka broker at {bootstrap} did not answer within {timeout:.0f}s: {last_error}"
+    )
+
+
+def _overlay(base: str, overlay: str) -> str:
+    """``base`` with each key of ``overlay`` replaced (in place) or added (at the end)."""
+
+    def key(line: str) -> str | None:
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#") or "=" not in stripped:
+            return None
+        return stripped.split("=", 1)[0]
+
+    replacing = {key(line): line for line in overlay.splitlines() if key(line)}
+    lines = [
+        replacing.pop(k) if (k := key(line)) in replacing else line for line in base.splitlines()
+    ]
+    return (
+        "\n".join(lines + [line for line in overlay.splitlines() if key(line) in replacing]) + "\n"
     )
 
 

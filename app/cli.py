@@ -24,9 +24,30 @@ if TYPE_CHECKING:
     from app.generator import GenConfig
 
 Handler = Callable[[argparse.Namespace, Settings], int]
+# The commands that connect to Kafka with the settings' credentials.
+TALK_TO_KAFKA = {"generate", "run", "replay", "audit", "consume", "bench"}
 
 
-def local_broker(settings: Settings) -> LocalBroker:
+def local_broker(settings: Settings, *, secure: bool = False) -> LocalBroker:
+    """The local broker the settings point at: PLAINTEXT (`adattr up`, the drills, the demo) or
+    SASL_SSL with SCRAM users and ACLs (`adattr up --secure`), each in its own data folder."""
+    protocol = settings.kafka_security_protocol
+    if protocol not in ("PLAINTEXT", "SASL_SSL" if secure else "PLAINTEXT"):
+        raise BrokerError(
+            f"ADATTR_KAFKA_SECURITY_PROTOCOL={protocol}: "
+            + (
+                "`adattr up --secure` starts the local SASL_SSL broker; the drills and the demo "
+                "run on the PLAINTEXT one"
+                if protocol == "SASL_SSL"
+                else "the local broker listens on PLAINTEXT, or SASL_SSL with `adattr up --secure`"
+            )
+        )
+    return _broker_at(settings, secure=secure)
+
+
+def _broker_at(settings: Settings, *, secure: bool) -> LocalBroker:
+    from app.secure_kafka import SecureKafka
+
     first = settings.bootstrap_servers.split(",")[0].strip()
     host, _, port = first.rpartition(":")
     if host not in ("127.0.0.1", "localhost", "::1"):
@@ -34,17 +55,14 @@ def local_broker(settings: Settings) -> LocalBroker:
             f"ADATTR_BOOTSTRAP_SERVERS={settings.bootstrap_servers} is not a loopback address; "
             "`adattr up` only starts a local broker (use your cluster's own tooling for others)"
         )
-    if settings.kafka_security_protocol != "PLAINTEXT":
-        raise BrokerError(
-            f"ADATTR_KAFKA_SECURITY_PROTOCOL={settings.kafka_security_protocol}: the local broker "
-            "of `adattr up` and the drills listens on PLAINTEXT only"
-        )
+    data_dir = settings.data_dir / ("kafka-secure" if secure else "kafka")
     return LocalBroker(
-        data_dir=settings.data_dir / "kafka",
+        data_dir=data_dir,
         jars_dir=settings.jars_dir,
         host="127.0.0.1" if host == "localhost" else host,
         port=int(port),
         controller_port=settings.kafka_controller_port,
+        secure=SecureKafka(data_dir) if secure else None,
     )
 
 
@@ -52,6 +70,9 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     from app.broker import port_is_free, wait_until_ready
     from app.kafka_io import KafkaConnection, app_topics, ensure_topics
 
+    if args.secure:
+        return _up_secure(args, settings)
+    _the_other_is_not_running(settings, secure=False)
     broker = local_broker(settings)
     was_running = broker.status().running
     if not was_running and not port_is_free(broker.host, broker.port):
@@ -72,16 +93,50 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _up_secure(args: argparse.Namespace, settings: Settings) -> int:
+    from app.secure_kafka import ROLES
+
+    broker = local_broker(settings, secure=True)
+    assert broker.secure is not None
+    _the_other_is_not_running(settings, secure=True)
+    was_running = broker.status().running
+    broker.secure.prepare(broker.host)
+    status = broker.start(timeout=args.timeout)
+    created = broker.secure.provision(settings, status.bootstrap)
+    print(f"{'already running' if was_running else 'started'}: {status.describe()}")
+    print("  clients: SASL_SSL only (SCRAM-SHA-512 over TLS); ACLs decide who does what")
+    print(f"  CA to trust: {broker.secure.ca_file}")
+    print(f"topics created: {', '.join(created) or 'none (all present)'}")
+    print("users (settings per user in an env file; the password stays in its own file):")
+    for user, role in ROLES.items():
+        print(f"  {user}: {role}\n    {broker.secure.env_file(user)}")
+    print(f"act as one: set -a; . {broker.secure.env_file('adattr-job')}; set +a")
+    return 0
+
+
+def _the_other_is_not_running(settings: Settings, *, secure: bool) -> None:
+    other = _broker_at(settings, secure=not secure).status()
+    if other.running:
+        raise BrokerError(
+            f"{other.describe()}; `adattr down` stops it, then `adattr up"
+            f"{' --secure' if secure else ''}` starts the other one"
+        )
+
+
 def cmd_down(args: argparse.Namespace, settings: Settings) -> int:
-    broker = local_broker(settings)
-    print("kafka: stopped" if broker.stop() else "kafka: was not running")
+    stopped = [b for b in (False, True) if _broker_at(settings, secure=b).stop()]
+    names = {False: "kafka", True: "kafka (secure)"}
+    print(
+        f"{' and '.join(names[b] for b in stopped)}: stopped"
+        if stopped
+        else "kafka: was not running"
+    )
     return 0
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    broker = local_broker(settings)
-    status = broker.status()
-    print(status.describe())
+    plain, secure = (_broker_at(settings, secure=b).status() for b in (False, True))
+    print(secure.describe() if secure.running and not plain.running else plain.describe())
     print(f"warehouse: {settings.warehouse.resolve()}")
     print(f"checkpoints: {settings.checkpoints.resolve()}")
     print(f"topics: in {settings.input_topic}, out {settings.output_topic}")
@@ -141,7 +196,8 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     records = {"all": traffic.main + traffic.tail, "main": traffic.main, "tail": traffic.tail}
     chosen = records[args.segment]
     kafka = KafkaConnection.of(settings)
-    ensure_topics(kafka, app_topics(settings))
+    # The input topic only: a producer of ad events may see no other (ACLs on a secure broker).
+    ensure_topics(kafka, [t for t in app_topics(settings) if t.name == settings.input_topic])
     produce(chosen, kafka, settings.input_topic, rate=args.rate)
     print(f"generate: {len(chosen):,} records ({args.segment}) to {settings.input_topic}")
     return 0
@@ -424,6 +480,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = add("up", cmd_up, "start the local Kafka broker (KRaft) and create the topics")
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for the broker")
+    up.add_argument(
+        "--secure",
+        action="store_true",
+        help="SASL_SSL only: a CA and broker certificate made on the spot, SCRAM users for the "
+        "job, the budget service and the event producers, ACLs (data in <data_dir>/kafka-secure)",
+    )
     add("down", cmd_down, "stop the local Kafka broker")
     add("status", cmd_status, "say what runs where")
 
@@ -596,6 +658,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not settings.verbose:
         _keep_kafka_client_lines_in_a_file(settings.data_dir / "logs" / "kafka-clients.log")
     try:
+        if args.command in TALK_TO_KAFKA and settings.kafka_security_protocol != "PLAINTEXT":
+            from app.kafka_io import KafkaConnection, check_access
+
+            check_access(KafkaConnection.of(settings))  # a wrong password or CA: say so at once
         return int(args.handler(args, settings))
     except USER_ERRORS as exc:
         print(f"adattr {args.command}: {exc}", file=sys.stderr)
@@ -606,7 +672,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from confluent_kafka import KafkaException
 
         if isinstance(exc, KafkaException):  # e.g. the broker went away mid-command
-            print(f"adattr {args.command}: Kafka error: {exc.args[0]}", file=sys.stderr)
+            from app.kafka_io import KafkaConnection, explain
+
+            print(
+                f"adattr {args.command}: {explain(exc, KafkaConnection.of(settings))}",
+                file=sys.stderr,
+            )
             return 1
         raise
 

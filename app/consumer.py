@@ -260,18 +260,20 @@ def consume(
     """Consumes ``topic`` from the offsets stored in ``store`` (the beginning if none)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-    from app.kafka_io import consumer_config
+    from app.kafka_io import BUDGET_GROUP, consumer_config
 
     consumer = Consumer(
         # read_committed, said explicitly: records of aborted transactions, and of transactions
         # still open, are never delivered; only what the job committed is billed on.
-        consumer_config(kafka, "adattr-budget-service", committed_only=True)
+        consumer_config(kafka, BUDGET_GROUP, committed_only=True)
     )
     stats = Stats()
     try:
         meta = consumer.list_topics(topic, timeout=30).topics.get(topic)
+        if meta is not None and meta.error is not None and meta.error.code() != 3:
+            raise KafkaException(meta.error)  # e.g. no ACL lets this user read it
         if meta is None or meta.error is not None:
-            raise UserInputError(f"topic {topic} is missing ({meta.error if meta else 'absent'})")
+            raise UserInputError(f"topic {topic} is missing")
         stored = store.offsets(topic)
         consumer.assign(
             [TopicPartition(topic, p, stored.get(p, OFFSET_BEGINNING)) for p in meta.partitions]

@@ -6,6 +6,7 @@ The CLI prints these as one clear line instead of a stack trace.
 from __future__ import annotations
 
 from app.broker import BrokerError
+from app.kafka_io import KafkaAccessError
 from app.settings import SettingsError
 from app.spark import MissingJarsError, SparkStartError
 
@@ -16,6 +17,7 @@ class UserInputError(ValueError):
 
 USER_ERRORS: tuple[type[Exception], ...] = (
     BrokerError,
+    KafkaAccessError,
     MissingJarsError,
     SettingsError,
     SparkStartError,

@@ -10,6 +10,7 @@ the Java client to read_uncommitted.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,8 @@ from app.settings import Settings, read_password
 # librdkafka's own log lines (connection retries, a broker going away in a drill) go to this
 # logger instead of straight to stderr; the CLI sends it to a file unless --verbose.
 CLIENT_LOG = logging.getLogger("adattr.kafka-client")
+# The consumer group of `adattr consume` (the budget service); ACLs on a secure broker name it.
+BUDGET_GROUP = "adattr-budget-service"
 
 _JAAS_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
@@ -113,6 +116,67 @@ def _absolute(path: str) -> str:
 
 def _jaas_quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+class KafkaAccessError(RuntimeError):
+    """Kafka could not be reached, trusted or logged in to, or it refused an operation: the
+    message is one line naming the cause."""
+
+
+_AUTHORIZATION = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
+    KafkaError.GROUP_AUTHORIZATION_FAILED: "consumer group",
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "transactional id",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "cluster",
+}
+
+
+def check_access(kafka: KafkaConnection, timeout: float = 20.0) -> None:
+    """Connects once and fails fast, naming the cause, when the broker cannot be trusted (an
+    unknown CA) or refuses the credentials. librdkafka reports those through its error callback
+    only; a metadata call just waits out its timeout and says "transport failure"."""
+    from confluent_kafka.admin import AdminClient
+
+    seen: list[KafkaError] = []
+    conf: dict[str, Any] = {**kafka.librdkafka(), "error_cb": seen.append}
+    admin = AdminClient(conf)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            admin.list_topics(timeout=1)
+            return
+        except KafkaException as exc:
+            last = exc.args[0]
+        admin.poll(0)  # serves the error callback
+        for error in seen:
+            if error.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL):
+                # librdkafka prefixes the broker's address: said once, at the front.
+                cause = re.sub(r"^\S+://\S+: ", "", error.str())
+                raise KafkaAccessError(
+                    f"Kafka at {kafka.bootstrap} ({kafka.protocol}{_as_user(kafka)}): {cause}"
+                )
+        if time.monotonic() > deadline:
+            found = seen[-1].str() if seen else str(last)
+            raise KafkaAccessError(f"no Kafka broker answered at {kafka.bootstrap}: {found}")
+
+
+def explain(exc: KafkaException, kafka: KafkaConnection) -> str:
+    """One line for a Kafka error: who was refused what when an ACL is missing."""
+    error = exc.args[0]
+    if not isinstance(error, KafkaError):
+        return f"Kafka error: {error}"
+    resource = _AUTHORIZATION.get(error.code())
+    if resource is None:
+        return f"Kafka error: {error.str()} ({error.name()})"
+    who = f"User:{kafka.username}" if kafka.protocol.startswith("SASL_") else "this client"
+    return (
+        f"Kafka refused {who} at {kafka.bootstrap}: no ACL allows it on the {resource} "
+        f"({error.name()}: {error.str()})"
+    )
+
+
+def _as_user(kafka: KafkaConnection) -> str:
+    return f" as {kafka.username}" if kafka.protocol.startswith("SASL_") else ""
 
 
 @dataclass(frozen=True)

@@ -99,4 +99,12 @@ def settings_env(settings: Any, **extra: str) -> dict[str, str]:
         spark_master="local[2]",
         shuffle_partitions=str(settings.shuffle_partitions),
     )
+    security = (
+        "kafka_security_protocol",
+        "kafka_sasl_mechanism",
+        "kafka_sasl_username",
+        "kafka_sasl_password_file",
+        "kafka_ssl_ca_file",
+    )
+    values |= {name: getattr(settings, name) for name in security if getattr(settings, name)}
     return adattr_env(**{**values, **extra})

@@ -1,22 +1,25 @@
-"""Shared fixtures: one SparkSession per test run, and a real Kafka broker.
+"""Shared fixtures: one SparkSession per test run, and real Kafka brokers.
 
 The broker fixture uses ``ADATTR_BOOTSTRAP_SERVERS`` when it is set (a broker you run) and
 otherwise starts its own ``kafka.Kafka`` from the fetched jars on free loopback ports in a
 temporary folder, and stops it at the end of the run, so no test depends on a process started
-by hand and none is left behind.
+by hand and none is left behind. The secure broker (SASL_SSL, SCRAM users, ACLs) is started the
+way a user starts it, with ``adattr up --secure``, and stopped with ``adattr down``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
 from app.broker import LocalBroker, free_port
+from app.secure_kafka import MECHANISM, SecureKafka
 from app.settings import Settings
+from tests.builders import adattr_env, run_adattr
 
 
 @pytest.fixture(scope="session")
@@ -81,3 +84,47 @@ def isolated_settings(base: Settings, bootstrap: str, root: Path) -> Settings:
 @pytest.fixture
 def settings(base_settings: Settings, tmp_path: Path, kafka_bootstrap: str) -> Settings:
     return isolated_settings(base_settings, kafka_bootstrap, tmp_path)
+
+
+@dataclass(frozen=True)
+class SecureBroker:
+    """The broker of ``adattr up --secure``, and the settings that connect to it as a user."""
+
+    bootstrap: str
+    kafka: SecureKafka
+    env: dict[str, str]  # what `adattr up --secure` ran with
+    up_output: str
+
+    def provision(self, settings: Settings) -> None:
+        """The topics and ACLs of ``settings`` (own topics per test), made as the admin."""
+        self.kafka.provision(replace(settings, bootstrap_servers=self.bootstrap), self.bootstrap)
+
+    def as_user(self, settings: Settings, user: str) -> Settings:
+        return replace(
+            settings,
+            bootstrap_servers=self.bootstrap,
+            kafka_security_protocol="SASL_SSL",
+            kafka_sasl_mechanism=MECHANISM,
+            kafka_sasl_username=user,
+            kafka_sasl_password_file=str(self.kafka.password_file(user)),
+            kafka_ssl_ca_file=str(self.kafka.ca_file),
+        )
+
+
+@pytest.fixture(scope="session")
+def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
+    data_dir = tmp_path_factory.mktemp("secure")
+    env = adattr_env(
+        data_dir=str(data_dir),
+        bootstrap_servers=f"127.0.0.1:{free_port()}",
+        kafka_controller_port=str(free_port()),
+    )
+    up = run_adattr(env, "up", "--secure", timeout=180)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield SecureBroker(
+            env["ADATTR_BOOTSTRAP_SERVERS"], SecureKafka(data_dir / "kafka-secure"), env, up.stdout
+        )
+    finally:
+        down = run_adattr(env, "down", timeout=120)
+        assert "kafka (secure): stopped" in down.stdout, down.stdout + down.stderr

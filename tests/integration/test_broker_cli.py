@@ -60,7 +60,7 @@ def test_port_taken_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_security_settings_are_checked_before_anything_starts(tmp_path: Path) -> None:
     """A security setting that does not fit is one line naming it (exit 2), the password never
-    shown; the local broker, PLAINTEXT only, refuses a secured configuration (exit 1)."""
+    shown; `adattr up` (PLAINTEXT) with SASL_SSL settings points at `up --secure` (exit 1)."""
     env = _env(tmp_path, free_port(), free_port())
     # pragma: allowlist nextline secret (a test value, not a real one)
     secret = "hunter2-do-not-print"
@@ -81,6 +81,6 @@ def test_security_settings_are_checked_before_anything_starts(tmp_path: Path) ->
     assert secret not in stray.stdout + stray.stderr
     up = run_adattr(sasl, "up")
     assert up.returncode == 1
-    assert "ADATTR_KAFKA_SECURITY_PROTOCOL=SASL_SSL: the local broker" in up.stderr
+    assert "ADATTR_KAFKA_SECURITY_PROTOCOL=SASL_SSL: `adattr up --secure` starts" in up.stderr
     assert "Traceback" not in up.stderr and secret not in up.stdout + up.stderr
     assert _our_jvms(tmp_path) == []

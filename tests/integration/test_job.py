@@ -19,6 +19,7 @@ from app.generator import GenConfig, plan_traffic, produce
 from app.kafka_io import KafkaConnection, app_topics, ensure_topics
 from app.quality import run_quality
 from app.reconcile import reconcile
+from app.secure_kafka import EVENTS, JOB
 from app.settings import Settings
 from app.verify import diff, observed
 from pipelines import job
@@ -26,7 +27,7 @@ from pipelines import tables as t
 from pipelines.dimension import upsert_dim_ads
 from schemas import ad_event as c
 from tests.builders import run_adattr, settings_env
-from tests.conftest import isolated_settings
+from tests.conftest import SecureBroker, isolated_settings
 
 pytestmark = pytest.mark.integration
 GOLD = (t.ATTRIBUTIONS, t.CTR_1H, t.SESSIONS)
@@ -51,17 +52,27 @@ def _fingerprint(spark: SparkSession, settings: Settings) -> dict[str, tuple[int
 
 
 @pytest.fixture(scope="module")
-def settings(base_settings: Settings, kafka_bootstrap: str, tmp_path_factory) -> Settings:  # type: ignore[no-untyped-def]
+def settings(base_settings: Settings, secure_broker: SecureBroker, tmp_path_factory) -> Settings:  # type: ignore[no-untyped-def]
     """One job for the whole module: the tests below run in order on its tables. Short windows
     so that a few thousand records exercise everything: a 2-minute attribution lookback (some
-    conversions fall outside it), 5-minute sessions that close, and several batches."""
-    return replace(
-        isolated_settings(base_settings, kafka_bootstrap, tmp_path_factory.mktemp("job")),
+    conversions fall outside it), 5-minute sessions that close, and several batches.
+
+    Over SASL_SSL, as production Kafka is: the broker of `adattr up --secure`, the job and the
+    tools as the job's user (its ACLs only), the events sent as the event producers' user."""
+    plain = replace(
+        isolated_settings(base_settings, secure_broker.bootstrap, tmp_path_factory.mktemp("job")),
         watermark_delay="3 minutes",
         attribution_lookback="2 minutes",
         session_gap="5 minutes",
         max_offsets_per_trigger=700,
     )
+    secure_broker.provision(plain)
+    return secure_broker.as_user(plain, JOB)
+
+
+@pytest.fixture(scope="module")
+def events_kafka(settings: Settings, secure_broker: SecureBroker) -> KafkaConnection:
+    return KafkaConnection.of(secure_broker.as_user(settings, EVENTS))
 
 
 def _stop_after(spark: SparkSession, settings: Settings, batches: int) -> None:
@@ -80,7 +91,7 @@ def _stop_after(spark: SparkSession, settings: Settings, batches: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def golden(spark: SparkSession, settings: Settings):  # type: ignore[no-untyped-def]
+def golden(spark: SparkSession, settings: Settings, events_kafka: KafkaConnection):  # type: ignore[no-untyped-def]
     """Main segment in; the job runs three batches and is stopped mid-run; restarted, it runs
     to the end; the late tail in; the job runs again."""
     cfg = GenConfig.for_settings(
@@ -96,10 +107,10 @@ def golden(spark: SparkSession, settings: Settings):  # type: ignore[no-untyped-
     traffic = plan_traffic(cfg)
     ensure_topics(KafkaConnection.of(settings), app_topics(settings))
     upsert_dim_ads(spark, _warehouse(settings), traffic.dim_rows)
-    produce(traffic.main, KafkaConnection.of(settings), settings.input_topic, progress=False)
+    produce(traffic.main, events_kafka, settings.input_topic, progress=False)
     _stop_after(spark, settings, batches=3)
     job.run(spark, settings, available_now=True)
-    produce(traffic.tail, KafkaConnection.of(settings), settings.input_topic, progress=False)
+    produce(traffic.tail, events_kafka, settings.input_topic, progress=False)
     job.run(spark, settings, available_now=True)
     return traffic
 
