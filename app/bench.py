@@ -36,7 +36,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from pipelines.report import BatchReport
 
 VARIANTS = ("B0s", "B0k", "B1", "B2", "B3")
 LABELS = {
@@ -153,9 +156,9 @@ def worker(variant: str, out: Path, dim: Path | None) -> None:
     steps: list[dict[str, float]] = []
     read: dict[int, int] = {}
 
-    def observe(batch_id: int, records: int, timings: dict[str, float]) -> None:
-        steps.append(timings)
-        read[batch_id] = records
+    def observe(report: BatchReport) -> None:
+        steps.append(report.steps)
+        read[report.batch_id] = report.records
 
     if dim is not None and variant in ("B1", "B2", "B3"):
         from app.dim_csv import read_dim_csv
@@ -279,9 +282,9 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
     read: dict[int, int] = {}
     steps: dict[int, dict[str, float]] = {}
 
-    def observe(batch_id: int, records: int, timings: dict[str, float]) -> None:
-        read[batch_id] = records
-        steps[batch_id] = timings
+    def observe(report: BatchReport) -> None:
+        read[report.batch_id] = report.records
+        steps[report.batch_id] = report.steps
 
     query = job.start(spark, settings, available_now=False, observer=observe)
     records = traffic.main[: size * (rounds + 1)]

@@ -209,10 +209,17 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from pipelines.dimension import DimensionMissingError
     from pipelines.publish import PublishError
 
+    metrics = None
+    if settings.metrics_port:
+        from app.metrics import serve
+        from pipelines.metrics import JobMetrics
+
+        metrics = JobMetrics()
+        serve(metrics.registry, settings)
     spark = build_spark(settings, "adattr-attribution")
     started = time.monotonic()
     try:
-        job.run(spark, settings, available_now=args.available_now)
+        job.run(spark, settings, available_now=args.available_now, metrics=metrics)
     except (DimensionMissingError, job.JobFailedError, job.JobRunningError, PublishError) as exc:
         print(f"adattr run: {exc}", file=sys.stderr)
         return 1
@@ -415,9 +422,15 @@ def cmd_quality(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_consume(args: argparse.Namespace, settings: Settings) -> int:
-    from app.consumer import BudgetStore, consume, read_budgets_csv
+    from app.consumer import BudgetMetrics, BudgetStore, consume, read_budgets_csv
     from app.kafka_io import KafkaConnection
 
+    metrics = None
+    if settings.metrics_port and (args.until_idle or not args.report):
+        from app.metrics import serve
+
+        metrics = BudgetMetrics()
+        serve(metrics.registry, settings)
     store = BudgetStore(settings.consumer_db_url)
     try:
         if args.budgets:
@@ -432,6 +445,7 @@ def cmd_consume(args: argparse.Namespace, settings: Settings) -> int:
                 until_idle=args.until_idle,
                 idle_seconds=args.idle_seconds,
                 crash_at=settings.crash_at,
+                metrics=metrics,
             )
             print(
                 f"consume: {stats.records:,} records, {stats.applied:,} applied, "

@@ -247,6 +247,46 @@ def read_budgets_csv(path: Path) -> list[tuple[str, Decimal]]:
     return rows
 
 
+class BudgetMetrics:
+    """What ``adattr consume`` exposes to Prometheus (``ADATTR_METRICS_PORT``)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge
+
+        from app.metrics import new_registry
+
+        self.registry = r = new_registry()
+        self.records = Counter(
+            "adattr_budget_records",
+            "Output records the budget service read, by result: applied, or ignored_older (a row "
+            "newer by (generation, batch) is stored)",
+            ["result"],
+            registry=r,
+        )
+        self.alerts = Counter("adattr_budget_alerts", "Budget alerts raised", registry=r)
+        self.lag = Gauge(
+            "adattr_budget_offset_lag",
+            "Records on the output topic past what the service has applied, per partition",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.last_applied = Gauge(
+            "adattr_budget_last_applied_timestamp_seconds",
+            "When the service last applied records (epoch seconds)",
+            registry=r,
+        )
+        self._seen = Stats()
+
+    def update(self, stats: Stats) -> None:
+        applied = stats.applied - self._seen.applied
+        self.records.labels("applied").inc(applied)
+        self.records.labels("ignored_older").inc(stats.ignored_older - self._seen.ignored_older)
+        self.alerts.inc(len(stats.alerts) - len(self._seen.alerts))
+        if stats.records > self._seen.records:
+            self.last_applied.set(time.time())
+        self._seen = Stats(stats.records, stats.applied, stats.ignored_older, list(stats.alerts))
+
+
 def consume(
     kafka: KafkaConnection,
     topic: str,
@@ -256,6 +296,7 @@ def consume(
     idle_seconds: float = 5.0,
     max_records: int | None = None,
     crash_at: str = "",
+    metrics: BudgetMetrics | None = None,
 ) -> Stats:
     """Consumes ``topic`` from the offsets stored in ``store`` (the beginning if none)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
@@ -279,6 +320,7 @@ def consume(
             [TopicPartition(topic, p, stored.get(p, OFFSET_BEGINNING)) for p in meta.partitions]
         )
         idle_since = time.monotonic()
+        lag_measured = 0.0
         while max_records is None or stats.records < max_records:
             limit = 500 if max_records is None else min(500, max_records - stats.records)
             messages = consumer.consume(num_messages=limit, timeout=1.0)
@@ -295,6 +337,30 @@ def consume(
                 idle_since = time.monotonic()
             elif until_idle and time.monotonic() - idle_since >= idle_seconds:
                 break
+            if metrics is not None:
+                metrics.update(stats)
+                if time.monotonic() - lag_measured >= 1.0:
+                    _measure_lag(consumer, topic, store.offsets(topic), meta.partitions, metrics)
+                    lag_measured = time.monotonic()
     finally:
         consumer.close()
     return stats
+
+
+def _measure_lag(
+    consumer: Any,
+    topic: str,
+    stored: dict[int, int],
+    partitions: Iterable[int],
+    metrics: BudgetMetrics,
+) -> None:
+    """The high watermark minus the consumer's position: past the last record it applied (every
+    record it was handed is applied before the next poll) and the transaction marker after it.
+    Before its first record in a partition, the offset stored in the database (or the start)."""
+    from confluent_kafka import TopicPartition
+
+    positions = consumer.position([TopicPartition(topic, p) for p in partitions])
+    for tp in positions:
+        low, high = consumer.get_watermark_offsets(tp, timeout=5, cached=False)
+        at = tp.offset if tp.offset >= 0 else stored.get(tp.partition, low)
+        metrics.lag.labels(topic, str(tp.partition)).set(max(0, high - at))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from app.broker import BrokerError
 from app.kafka_io import KafkaAccessError
+from app.metrics import MetricsError
 from app.settings import SettingsError
 from app.spark import MissingJarsError, SparkStartError
 
@@ -18,6 +19,7 @@ class UserInputError(ValueError):
 USER_ERRORS: tuple[type[Exception], ...] = (
     BrokerError,
     KafkaAccessError,
+    MetricsError,
     MissingJarsError,
     SettingsError,
     SparkStartError,

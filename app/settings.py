@@ -159,6 +159,16 @@ class Settings:
         default="",
         metadata={"doc": "database of `adattr consume` (default sqlite:///<data_dir>/budget.db)"},
     )
+    metrics_port: int = field(
+        default=0,
+        metadata={
+            "doc": "port of the Prometheus endpoint of `adattr run` and `adattr consume` (0: none)"
+        },
+    )
+    metrics_host: str = field(
+        default="127.0.0.1",
+        metadata={"doc": "address the metrics endpoint listens on (loopback unless changed)"},
+    )
     delivery: str = field(
         default="exactly-once",
         metadata={
@@ -239,6 +249,10 @@ class Settings:
                 fail(name, "must be at least 1")
         if self.max_offsets_per_trigger < 0:
             fail("max_offsets_per_trigger", "must be 0 (no cap) or more")
+        if not 0 <= self.metrics_port <= 65535:
+            fail("metrics_port", "must be a port number (1-65535), or 0 for no endpoint")
+        if not self.metrics_host.strip():
+            fail("metrics_host", "must name an address (127.0.0.1 keeps it on this machine)")
         try:
             from app.crash import parse
 

@@ -34,7 +34,9 @@ from pyspark.sql.streaming import StreamingQuery
 from app.kafka_io import KafkaConnection, app_topics, ensure_topics
 from app.settings import Settings
 from pipelines.dimension import dim_snapshot
+from pipelines.metrics import JobMetrics
 from pipelines.publish import PlainPublisher, Publisher, TransactionalPublisher
+from pipelines.report import BatchReport
 from pipelines.sink import FIRST, RECORD, AttributionSink, SinkContext
 from pipelines.tables import create_tables
 from pipelines.transforms import first_sightings, parse_events, with_kafka_coordinates
@@ -169,7 +171,8 @@ def start(
     settings: Settings,
     *,
     available_now: bool,
-    observer: Callable[[int, int, dict[str, float]], None] | None = None,
+    observer: Callable[[BatchReport], None] | None = None,
+    metrics: JobMetrics | None = None,
 ) -> StreamingQuery:
     warehouse = str(settings.warehouse.resolve())
     dim_snapshot(spark, warehouse, int(time.time() * 1000))  # fail early if dim_ads is missing
@@ -190,6 +193,14 @@ def start(
         if exactly_once
         else PlainPublisher(kafka, output_topic=settings.output_topic)
     )
+    observers = [o for o in (observer, metrics.batch_done if metrics else None) if o is not None]
+    if metrics is not None:
+        metrics.watch(publisher)
+
+    def notify(report: BatchReport) -> None:
+        for each in observers:
+            each(report)
+
     sink = AttributionSink(
         spark,
         SinkContext(
@@ -202,7 +213,7 @@ def start(
             publisher=publisher,
             crash_at=settings.crash_at,
             exactly_once=exactly_once,
-            observer=observer,
+            observer=notify if observers else None,
         ),
     )
     writer = (
@@ -224,6 +235,7 @@ def run(
     *,
     available_now: bool,
     before_start: Callable[[], None] | None = None,
+    metrics: JobMetrics | None = None,
 ) -> None:
     """Runs the job until the topic is drained (available-now) or until SIGTERM/SIGINT, which
     stop it at a batch boundary. Raises JobFailedError if the query fails, JobRunningError if
@@ -231,11 +243,14 @@ def run(
     with exclusive(settings.checkpoints):
         if before_start is not None:  # e.g. a replay's new generation, made under the lock
             before_start()
-        _run(spark, settings, available_now=available_now)
+        _run(spark, settings, available_now=available_now, metrics=metrics)
 
 
-def _run(spark: SparkSession, settings: Settings, *, available_now: bool) -> None:
-    query = start(spark, settings, available_now=available_now)
+def _run(
+    spark: SparkSession, settings: Settings, *, available_now: bool, metrics: JobMetrics | None
+) -> None:
+    query = start(spark, settings, available_now=available_now, metrics=metrics)
+    reported = -1
     stop_requested: list[int] = []
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
@@ -245,6 +260,10 @@ def _run(spark: SparkSession, settings: Settings, *, available_now: bool) -> Non
     try:
         while query.isActive:
             query.awaitTermination(1)
+            progress = query.lastProgress
+            if metrics is not None and progress is not None and progress["batchId"] != reported:
+                metrics.progress(progress)
+                reported = progress["batchId"]
             if stop_requested and not query.status["isTriggerActive"]:
                 query.stop()  # between batches: nothing half-done to redo
     finally:

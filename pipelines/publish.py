@@ -180,6 +180,9 @@ class TransactionalPublisher:
         self.app_id = app_id
         self.generation = generation
         self.timeout = timeout
+        # For the job's metrics: when the open transaction began (epoch s), and aborts so far.
+        self.open_since: float | None = None
+        self.aborted = 0
         self.producer = Producer(
             producer_config(
                 kafka,
@@ -245,6 +248,7 @@ class TransactionalPublisher:
                 failures.append(err)
 
         self.producer.begin_transaction()
+        self.open_since = time.time()
         n = 0
         for key, value in records:
             self._produce(self.output_topic, key, value, on_delivery)
@@ -257,6 +261,7 @@ class TransactionalPublisher:
             # A record the broker refused: the whole transaction must go.
             raise KafkaException(failures[0])
         self.producer.commit_transaction(self.timeout)
+        self.open_since = None
         return n
 
     def _produce(self, topic: str, key: bytes, value: bytes, on_delivery: Any) -> None:
@@ -275,6 +280,8 @@ class TransactionalPublisher:
             if err.fatal():
                 raise PublishError(f"cannot abort the transaction: {err.str()}") from exc
             log.warning("abort_transaction: %s", err.str())
+        self.open_since = None
+        self.aborted += 1
 
     def _call(self, action: Callable[[], None], what: str) -> None:
         for attempt in range(1, ATTEMPTS + 1):

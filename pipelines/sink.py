@@ -49,6 +49,7 @@ from pipelines.record_writes import (
     ranges_and_counts,
     record_writes,
 )
+from pipelines.report import BatchReport
 from pipelines.session_writes import close_sessions
 from pipelines.timing import StepTimer
 from pipelines.transforms import classify, enrich
@@ -71,8 +72,8 @@ class SinkContext:
     crash_at: str = ""
     # False only for the benchmark's at-least-once baseline: no Delta txn, plain appends.
     exactly_once: bool = True
-    # Called after each batch with its id, records read and step times (for the benchmark).
-    observer: Callable[[int, int, dict[str, float]], None] | None = None
+    # Called after each batch (the benchmark, the job's metrics).
+    observer: Callable[[BatchReport], None] | None = None
 
 
 class AttributionSink:
@@ -86,6 +87,7 @@ class AttributionSink:
         )
         self.timer = StepTimer()
         self.last_counts = ""
+        self.kafka_outcome = ""
         self.decisions = PriorDecisions(self.tables, ctx.checkpoint)
         self.dims = DimSnapshots(spark, ctx.warehouse)
         self.high_water: HighWater | None = None
@@ -145,6 +147,7 @@ class AttributionSink:
                     F.max("kafka_offset").alias("hi"),
                     F.expr("unix_millis(min(event_time))").alias("t_lo"),
                     F.expr("unix_millis(max(event_time))").alias("t_hi"),
+                    F.expr("unix_millis(max(kafka_timestamp))").alias("k_hi"),
                 )
                 .collect()
             )
@@ -158,7 +161,7 @@ class AttributionSink:
             batch_df.unpersist()
         log.info("batch %d: %s | %s", batch_id, self.last_counts, self.timer.describe())
         if self.ctx.observer is not None:
-            self.ctx.observer(batch_id, sum(st.n for st in stats), dict(self.timer.steps))
+            self.ctx.observer(_report(batch_id, stats, dict(self.timer.steps), self.kafka_outcome))
 
     def _write(
         self,
@@ -251,7 +254,7 @@ class AttributionSink:
         wrote_gold = bool(PUBLISHED.keys() & self.tables.versions.keys()) or (
             first_of_run and (span is not None or gold_update.advanced)
         )
-        kafka_outcome = self._publish(batch_id, wrote_gold=wrote_gold)
+        kafka_outcome = self.kafka_outcome = self._publish(batch_id, wrote_gold=wrote_gold)
         crash_point(self.ctx.crash_at, "after_kafka_before_ledger")
         self.last_counts = " ".join(f"{k}={v:,}" for k, v in sorted(counts.items()))
         write_ledger(
@@ -290,3 +293,13 @@ class AttributionSink:
         outcome = publisher.publish(batch_id, records, crash_at=self.ctx.crash_at)
         self.timer.mark("kafka")
         return outcome
+
+
+def _report(batch_id: int, stats: list[Row], steps: dict[str, float], kafka: str) -> BatchReport:
+    outcomes: dict[str, int] = {}
+    newest: dict[tuple[str, int], tuple[int, int]] = {}
+    for s in stats:
+        outcomes[s.outcome] = outcomes.get(s.outcome, 0) + s.n
+        key = (s.kafka_topic, s.kafka_partition)
+        newest[key] = max(newest.get(key, (-1, 0)), (s.hi, s.k_hi))
+    return BatchReport(batch_id, outcomes, steps, kafka, newest, time.time())

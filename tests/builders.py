@@ -108,3 +108,21 @@ def settings_env(settings: Any, **extra: str) -> dict[str, str]:
     )
     values |= {name: getattr(settings, name) for name in security if getattr(settings, name)}
     return adattr_env(**{**values, **extra})
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    """A Prometheus endpoint on this machine, parsed: (name, sorted labels) -> value."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }

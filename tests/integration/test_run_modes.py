@@ -1,4 +1,5 @@
-"""`adattr run` as a long-running job: graceful stop on SIGTERM, and dimension changes."""
+"""`adattr run` as a long-running job: graceful stop on SIGTERM, its metrics endpoint, and
+dimension changes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from app.broker import free_port
 from app.generator import GenConfig, plan_traffic, produce
 from app.kafka_io import KafkaConnection, app_topics, ensure_topics
 from app.settings import Settings
@@ -22,7 +24,7 @@ from app.verify import diff, observed
 from pipelines import job
 from pipelines import tables as t
 from pipelines.dimension import upsert_dim_ads
-from tests.builders import event, settings_env
+from tests.builders import Samples, event, scrape, settings_env
 
 pytestmark = pytest.mark.integration
 
@@ -36,13 +38,41 @@ def _ledger_read(spark: SparkSession, settings: Settings) -> int:
     return sum(r.counts["read"] for r in rows)
 
 
+def _by_label(samples: Samples, name: str, label: str) -> dict[str, float]:
+    return {dict(labels)[label]: v for (n, labels), v in samples.items() if n == name}
+
+
+def _metrics_match_the_ledger(spark: SparkSession, settings: Settings, port: int) -> Samples:
+    """Scrapes until the record counters equal the ledger's counts per outcome and no input is
+    left unread (the counters move after the ledger row is written); returns that scrape."""
+    ledger = spark.read.format("delta").load(f"{settings.warehouse.resolve()}/{t.LEDGER}")
+    deadline = time.monotonic() + 60
+    while True:
+        samples = scrape(port)
+        records = _by_label(samples, "adattr_records_total", "outcome")
+        counts: dict[str, int] = {}
+        for row in ledger.collect():
+            for outcome in records:
+                counts[outcome] = counts.get(outcome, 0) + row.counts.get(outcome, 0)
+            counts["read"] = counts.get("read", 0) + row.counts["read"]
+        lag = _by_label(samples, "adattr_input_lag_records", "partition")
+        if sum(records.values()) == counts["read"] and lag and not any(lag.values()):
+            assert records == {k: float(v) for k, v in counts.items() if k != "read"}
+            return samples
+        assert time.monotonic() < deadline, (records, counts, lag)
+        time.sleep(0.5)  # polling the endpoint for the condition
+
+
 def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Settings) -> None:  # type: ignore[no-untyped-def]
     """The signal goes to the job's whole process group, as systemd, ``timeout`` and
-    ``kill -- -PGID`` send it: the Spark JVM must not die under the driver mid-batch."""
+    ``kill -- -PGID`` send it: the Spark JVM must not die under the driver mid-batch. While it
+    runs, its metrics endpoint is scraped: the counters add up to the ledger."""
     traffic = plan_traffic(GenConfig(events=2000, seed=5, users=50, ads=10, late_ratio=0))
     ensure_topics(KafkaConnection.of(settings), app_topics(settings))
     upsert_dim_ads(spark, str(settings.warehouse.resolve()), traffic.dim_rows)
-    env = settings_env(settings, max_offsets_per_trigger="700")  # several batches
+    port = free_port()
+    # several batches
+    env = settings_env(settings, max_offsets_per_trigger="700", metrics_port=str(port))
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("adattr")), "run"],
         env=env,
@@ -58,6 +88,7 @@ def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Sett
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             assert time.monotonic() < deadline, "the running job did not catch up in 300 s"
             time.sleep(1)  # polling the ledger for the condition, not standing in for it
+        samples = _metrics_match_the_ledger(spark, settings, port)
         os.killpg(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -69,6 +100,20 @@ def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Sett
     assert diff(traffic.truth, observed(spark, str(settings.warehouse.resolve()))) == []
     ledger = spark.read.format("delta").load(f"{settings.warehouse.resolve()}/{t.LEDGER}")
     assert ledger.count() >= 3  # the cap really split the topic into batches
+    # What else an operator watches was there, and consistent with the ledger.
+    records = _by_label(samples, "adattr_records_total", "outcome")
+    assert records["accepted"] > 0 and records["duplicate"] > 0
+    batches = samples[("adattr_batches_total", ())]
+    assert samples[("adattr_batch_duration_seconds_count", ())] == batches >= 3
+    data_batches = [r.batch_id for r in ledger.collect() if r.counts["read"]]
+    assert samples[("adattr_last_committed_batch", ())] >= max(data_batches)
+    assert 0 <= samples[("adattr_last_committed_batch_age_seconds", ())] < 120
+    kafka = _by_label(samples, "adattr_kafka_transactions_total", "outcome")
+    assert kafka["committed"] >= 1 and sum(kafka.values()) >= batches
+    assert set(_by_label(samples, "adattr_input_lag_seconds", "partition").values()) == {0.0}
+    assert set(_by_label(samples, "adattr_batch_phase_seconds", "phase")) >= {"gold", "ledger"}
+    assert ("adattr_kafka_open_transaction_age_seconds", ()) in samples
+    assert ("adattr_watermark_delay_seconds", ()) in samples
 
 
 def test_dimension_change_is_picked_up_by_later_batches(spark, settings: Settings) -> None:  # type: ignore[no-untyped-def]

@@ -9,17 +9,19 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
+from app.broker import free_port
 from app.drills import _children
 from app.secure_kafka import BUDGET, EVENTS, JOB, USERS
 from app.settings import Settings, read_password
 from pipelines import tables as t
-from tests.builders import run_adattr, settings_env
+from tests.builders import Samples, run_adattr, scrape, settings_env
 from tests.conftest import SecureBroker, isolated_settings
 
 pytestmark = pytest.mark.integration
@@ -97,18 +99,39 @@ def test_the_job_and_the_budget_service_run_over_sasl_ssl_and_no_password_shows(
     assert "run: stopped" in out
     assert any(b"java" in line for line in cmdlines.values()), "the Spark JVM was never seen"
 
-    budget = run_adattr(_as(secure_broker, settings, BUDGET), "consume", "--until-idle")
-    assert budget.returncode == 0, budget.stderr
     ledger = spark.read.format("delta").load(f"{settings.warehouse}/{t.LEDGER}").collect()
     outcomes = [r.kafka_outcome for r in ledger]
     rows = sum(int(o.split(":")[1]) for o in outcomes if o.startswith("committed:"))
     assert rows > 0
-    assert f"consume: {rows} records, {rows} applied" in budget.stdout
+
+    # The budget service as its user, its metrics endpoint scraped while it runs.
+    port = free_port()
+    consumer = subprocess.Popen(
+        [adattr, "consume", "--until-idle", "--idle-seconds", "10"],
+        env=_as(secure_broker, settings, BUDGET, metrics_port=str(port)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        samples = _scrape_until(
+            port,
+            lambda s: (
+                s.get(("adattr_budget_records_total", (("result", "applied"),))) == rows
+                and _lags(s) == [0.0] * settings.input_partitions
+            ),
+        )
+    finally:
+        budget_out, budget_err = consumer.communicate(timeout=120)
+    assert consumer.returncode == 0, budget_err
+    assert f"consume: {rows} records, {rows} applied" in budget_out
+    assert samples[("adattr_budget_records_total", (("result", "ignored_older"),))] == 0
+    assert ("adattr_budget_alerts_total", ()) in samples
 
     shown = [
         sent.stdout + sent.stderr + loaded.stdout + loaded.stderr,
         out + err,
-        budget.stdout + budget.stderr,
+        budget_out + budget_err,
         *(line.decode(errors="replace") for line in cmdlines.values()),
         *(p.read_text(errors="replace") for p in (settings.data_dir / "logs").iterdir()),
         *(p.read_text(errors="replace") for p in settings.checkpoints.rglob("*") if p.is_file()),
@@ -118,6 +141,26 @@ def test_the_job_and_the_budget_service_run_over_sasl_ssl_and_no_password_shows(
     for user in USERS:
         password = read_password(secure_broker.kafka.password_file(user))
         assert not [text[:200] for text in shown if password in text], user
+
+
+def _lags(samples: Samples) -> list[float]:
+    return [v for (name, _), v in sorted(samples.items()) if name == "adattr_budget_offset_lag"]
+
+
+def _scrape_until(port: int, done: Callable[[Samples], bool]) -> Samples:
+    """Scrapes the endpoint until ``done`` holds for what it shows (60 s at most)."""
+    deadline = time.monotonic() + 60
+    samples: Samples = {}
+    while time.monotonic() < deadline:
+        try:
+            samples = scrape(port)
+        except OSError:  # not serving yet
+            time.sleep(0.2)
+            continue
+        if done(samples):
+            return samples
+        time.sleep(0.2)  # polling the endpoint for the condition
+    raise AssertionError(f"the metrics never showed what was expected: {samples}")
 
 
 def test_a_wrong_password_an_unknown_ca_and_a_missing_acl_each_end_in_one_line(
