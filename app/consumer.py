@@ -299,7 +299,13 @@ def consume(
     metrics: BudgetMetrics | None = None,
 ) -> Stats:
     """Consumes ``topic`` from the offsets stored in ``store`` (the beginning if none)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+    from confluent_kafka import (
+        OFFSET_BEGINNING,
+        Consumer,
+        KafkaError,
+        KafkaException,
+        TopicPartition,
+    )
 
     from app.kafka_io import BUDGET_GROUP, consumer_config
 
@@ -311,8 +317,9 @@ def consume(
     stats = Stats()
     try:
         meta = consumer.list_topics(topic, timeout=30).topics.get(topic)
-        if meta is not None and meta.error is not None and meta.error.code() != 3:
-            raise KafkaException(meta.error)  # e.g. no ACL lets this user read it
+        if meta is not None and meta.error is not None:
+            if meta.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise KafkaException(meta.error)  # e.g. no ACL lets this user read it
         if meta is None or meta.error is not None:
             raise UserInputError(f"topic {topic} is missing")
         stored = store.offsets(topic)

@@ -44,7 +44,15 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
-from app.kafka_io import BUDGET_GROUP, KafkaConnection, admin_client, app_topics, ensure_topics
+from app.kafka_io import (
+    BUDGET_GROUP,
+    KafkaAccessError,
+    KafkaConnection,
+    admin_client,
+    app_topics,
+    check_access,
+    ensure_topics,
+)
 from app.settings import Settings, read_password
 
 MECHANISM = "SCRAM-SHA-512"
@@ -200,13 +208,12 @@ def _wait_all(futures: dict[Any, Future[Any]], what: str, timeout: float) -> Non
 
 def _wait_for_login(kafka: KafkaConnection, timeout: float) -> None:
     """A new SCRAM credential reaches the broker's cache through the metadata log: a moment."""
-    admin = admin_client(kafka)
     deadline = time.monotonic() + timeout
     while True:
         try:
-            admin.list_topics(timeout=2)
+            check_access(kafka, timeout=5)
             return
-        except Exception as exc:
+        except KafkaAccessError as exc:
             if time.monotonic() > deadline:
                 raise SecureSetupError(f"{kafka.username} cannot log in: {exc}") from None
         time.sleep(0.2)
