@@ -508,7 +508,13 @@ def _run_env(s: Any, run: str, *, own_input: bool = False) -> dict[str, str]:
 
 
 def bench(
-    base: Any, *, quick: bool, events: int | None, repeats: int | None, only_fixed: bool = False
+    base: Any,
+    *,
+    quick: bool,
+    events: int | None,
+    repeats: int | None,
+    only_fixed: bool = False,
+    publish_rows: int = 0,
 ) -> int:
     from app.drills import Stack
 
@@ -522,6 +528,19 @@ def bench(
         s.overrides["ADATTR_TRIGGER_INTERVAL"] = "1 second"
         for key in ("WATERMARK_DELAY", "ATTRIBUTION_LOOKBACK", "SESSION_GAP", "SHUFFLE_PARTITIONS"):
             s.overrides.pop(f"ADATTR_{key}", None)  # the shipped defaults
+        if publish_rows:
+            print(f"bench: publishing only; results under {s.dir}", flush=True)
+            cost = _publish_cost(s, publish_rows)
+            (s.dir / "result.json").write_text(json.dumps({"publish": cost}, indent=1))
+            print(
+                f"publish, {cost['rows']:,} changed gold rows in one transaction: rows to the "
+                f"driver {cost['pull_s']:.1f}s alone (first time {cost['pull_cold_s']:.1f}s); "
+                "pulled again, sent and committed "
+                f"{cost['publish_s']:.1f}s ({cost['rows'] / cost['publish_s']:,.0f} rows/s, "
+                f"{cost['mb']:.0f} MB of values)"
+            )
+            print(f"bench: wrote {s.dir / 'result.json'}")
+            return 0
         if only_fixed:
             print(f"bench: fixed cost only; results under {s.dir}", flush=True)
             fixed = _fixed_cost(s, rounds)
@@ -557,6 +576,74 @@ def bench(
     chart(summary, s.dir / "bench.png")
     print(f"bench: wrote {s.dir / 'result.json'} and {s.dir / 'bench.png'}")
     return 0
+
+
+def _publish_cost(s: Any, rows: int) -> dict[str, Any]:
+    """The job's publishing path alone (``changed_records`` to the driver, then one Kafka
+    transaction, as the sink does), for a batch that changed ``rows`` rows of the 1-minute gold
+    table: the driver pulls every changed row and one producer sends it."""
+    from pyspark.sql import functions as F
+
+    from app.kafka_io import KafkaConnection
+    from app.spark import build_spark
+    from pipelines import tables as t
+    from pipelines.delta_writes import Tables
+    from pipelines.publish import TransactionalPublisher
+    from pipelines.published_rows import changed_records
+
+    spark = build_spark(s.settings, "adattr-bench-publish")
+    warehouse = str(s.settings.warehouse.resolve())
+    t.create_tables(spark, warehouse)
+    generation, batch, app_id = 1, 7, f"adattr-bench-publish-{s.id}"
+    minute = F.col("id") % 1440  # one row per (minute of a day, ad): a key per row
+    spark.range(rows).select(
+        F.timestamp_seconds(F.lit(1_795_564_800) + minute * 60).alias("window_start"),
+        F.timestamp_seconds(F.lit(1_795_564_860) + minute * 60).alias("window_end"),
+        F.concat(F.lit("ad-"), (F.col("id") / 1440).cast("long")).alias("ad_id"),
+        F.concat(F.lit("cmp-"), F.col("id") % 50).alias("campaign_id"),
+        F.concat(F.lit("adv-"), F.col("id") % 10).alias("advertiser_id"),
+        (F.col("id") % 997).alias("impressions"),
+        (F.col("id") % 31).alias("clicks"),
+        (F.col("id") / 7).cast("decimal(24,9)").alias("spend"),
+        (F.col("id") % 3).alias("conversions"),
+        (F.col("id") / 3).cast("decimal(24,6)").alias("revenue"),
+        F.lit(False).alias("is_final"),
+        F.lit(generation).alias("generation"),
+        F.lit(batch).cast("long").alias("batch_id"),
+    ).write.format("delta").mode("append").save(f"{warehouse}/{t.GOLD_1M}")
+    tables = Tables(spark, warehouse, app_id, generation)
+    pull_s = []
+    for _ in range(2):  # the first pays the JVM's warm-up, the second is what a batch pays
+        started = time.monotonic()
+        pulled = sum(len(r.v) for r in changed_records(tables, batch).toLocalIterator())
+        pull_s.append(time.monotonic() - started)
+    publisher = TransactionalPublisher(
+        KafkaConnection.of(s.settings),
+        output_topic=s.settings.output_topic,
+        control_topic=s.settings.control_topic,
+        transactional_id=app_id,
+        app_id=app_id,
+        generation=generation,
+    )
+
+    def records() -> Any:
+        for row in changed_records(tables, batch).toLocalIterator():
+            yield row.k.encode(), row.v.encode()
+
+    started = time.monotonic()
+    outcome = publisher.publish(batch, records)
+    publish_s = time.monotonic() - started
+    publisher.close()
+    spark.stop()
+    if outcome != f"committed:{rows}":
+        raise SystemExit(f"publish: expected committed:{rows}, got {outcome}")
+    return {
+        "rows": rows,
+        "pull_cold_s": pull_s[0],
+        "pull_s": pull_s[1],
+        "publish_s": publish_s,
+        "mb": pulled / 1e6,
+    }
 
 
 def _throughput(s: Any, n: int, reps: int, batch: int) -> dict[str, list[dict[str, Any]]]:

@@ -397,6 +397,7 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         events=args.events,
         repeats=args.repeats,
         only_fixed=args.fixed_only,
+        publish_rows=args.publish_rows,
     )
 
 
@@ -618,6 +619,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--fixed-only",
         action="store_true",
         help="only the fixed cost of a 1,000-record batch and of a batch of none",
+    )
+    bench_cmd.add_argument(
+        "--publish-rows",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only the publishing path: a batch that changed N gold rows, to Kafka in one "
+        "transaction through the driver",
     )
     add(
         "quality",

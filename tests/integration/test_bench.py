@@ -38,3 +38,20 @@ def test_quick_bench_reports_every_variant(kafka_bootstrap: str, tmp_path: Path)
     assert len(fixed["data_batches_s"]) >= 2 and fixed["empty_batches_s"], fixed
     assert (results[0].parent / "bench.png").stat().st_size > 10_000
     assert "B3/B1 (textbook peer)" in done.stdout and "B3/B2 (cost of exactly-once)" in done.stdout
+
+
+def test_publish_cost_sends_every_changed_row_in_one_transaction(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    env = adattr_env(
+        bootstrap_servers=kafka_bootstrap,
+        kafka_controller_port=str(free_port()),
+        data_dir=str(tmp_path / "data"),
+        spark_master="local[2]",
+    )
+    done = run_adattr(env, "bench", "--publish-rows", "3000", timeout=600)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    (result,) = (tmp_path / "data" / "bench").glob("*/result.json")
+    cost = json.loads(result.read_text())["publish"]
+    assert cost["rows"] == 3000 and cost["mb"] > 0.3  # every row's JSON value was pulled
+    assert "publish, 3,000 changed gold rows in one transaction" in done.stdout
