@@ -12,13 +12,14 @@ import json
 import re
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
 
-SCHEMA_FILE = Path(__file__).with_name("ad_event.v1.json")
+# Read as a package resource: the package may run from a zip (`spark-submit --py-files`).
+SCHEMA_FILE = resources.files(__package__).joinpath("ad_event.v1.json")
 SCHEMA_VERSION = 1
 
 # Why a record was quarantined. The first failing check names the record's reason, in this order.
