@@ -205,8 +205,10 @@ def ensure_topics(
     """Creates the topics that do not exist yet; returns the names it created."""
     admin = admin_client(kafka)
     existing = set(admin.list_topics(timeout=timeout).topics)
+    # Replicas: the broker's default.replication.factor (1 on the local broker, 3 on `adattr
+    # cluster`, whatever a production cluster sets).
     wanted = [
-        NewTopic(t.name, num_partitions=t.partitions, replication_factor=1, config=t.config)
+        NewTopic(t.name, num_partitions=t.partitions, replication_factor=-1, config=t.config)
         for t in topics
         if t.name not in existing
     ]
