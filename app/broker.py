@@ -33,6 +33,13 @@ class BrokerError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class ClusterNode:
+    node_id: int
+    voters: str  # controller.quorum.voters: "1@host:port,2@host:port,3@host:port"
+    cluster_id: str
+
+
 def port_is_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -91,6 +98,9 @@ class LocalBroker:
     controller_port: int = 9093
     heap: str = "768m"
     secure: SecureKafka | None = None  # `adattr up --secure`: SASL_SSL, SCRAM users, ACLs
+    # One node of `adattr cluster` (app/cluster.py): its id, the quorum's voters and the
+    # cluster id every node is formatted with; None: a single node on its own.
+    node: ClusterNode | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -149,6 +159,10 @@ class LocalBroker:
             values |= self.secure.broker_values()
             overlay = Template((INFRA / "server-secure.properties").read_text()).substitute(values)
             text = _overlay(text, overlay)
+        if self.node is not None:
+            values |= {"node_id": str(self.node.node_id), "voters": self.node.voters}
+            overlay = Template((INFRA / "server-cluster.properties").read_text()).substitute(values)
+            text = _overlay(text, overlay)
         config = self.data_dir / "server.properties"
         # 0600 from the start: the secure broker's file holds its own password.
         fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -164,7 +178,7 @@ class LocalBroker:
     def _format_once(self, config: Path) -> None:
         if (self.data_dir / "data" / "meta.properties").exists():
             return
-        cluster_id = new_cluster_id()
+        cluster_id = self.node.cluster_id if self.node is not None else new_cluster_id()
         args = ["format", "-t", cluster_id, "-c", str(config)]
         if self.secure is not None:  # the broker's own user must exist before it starts
             args += ["--add-scram", self.secure.format_scram_argument()]
@@ -182,6 +196,13 @@ class LocalBroker:
         if current.running:
             wait_until_ready(self.bootstrap, timeout, conf=self._admin_config())
             return current
+        proc = self.launch()
+        self.wait_until_ready(proc, timeout)
+        return self.status()
+
+    def launch(self) -> subprocess.Popen[bytes]:
+        """Starts the broker's JVM (formatting its storage the first time) without waiting for
+        it to answer: the nodes of a cluster must all be up before any answers."""
         for port in (self.port, self.controller_port):
             if not port_is_free(self.host, port):
                 raise BrokerError(
@@ -201,6 +222,10 @@ class LocalBroker:
                 start_new_session=True,
             )
         self.pid_file.write_text(str(proc.pid))
+        return proc
+
+    def wait_until_ready(self, proc: subprocess.Popen[bytes], timeout: float) -> None:
+        """Returns once the launched broker answers; stops it and explains otherwise."""
         try:
             wait_until_ready(
                 self.bootstrap,
@@ -211,7 +236,6 @@ class LocalBroker:
         except BrokerError as exc:
             self.stop()
             raise BrokerError(f"{exc}; last lines of {self.log_file}:\n{self.tail_log()}") from None
-        return self.status()
 
     def stop(self, timeout: float = 60.0) -> bool:
         """Stops the broker; True if one was running."""
@@ -219,16 +243,7 @@ class LocalBroker:
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             return False
-        os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while _pid_alive(pid) and time.monotonic() < deadline:
-            _reap(pid)
-            time.sleep(0.1)
-        if _pid_alive(pid):
-            os.killpg(pid, signal.SIGKILL)
-            while _pid_alive(pid):
-                _reap(pid)
-                time.sleep(0.05)
+        stop_group(pid, timeout)
         self.pid_file.unlink(missing_ok=True)
         return True
 
@@ -237,6 +252,24 @@ class LocalBroker:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no broker log yet)"
+
+
+def stop_group(pid: int, timeout: float) -> None:
+    """SIGTERM to the process group led by ``pid`` (a JVM's controlled shutdown), SIGKILL if it
+    is still there after ``timeout`` seconds; returns once it is gone."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        _reap(pid)
+        time.sleep(0.1)
+    if _pid_alive(pid):
+        os.killpg(pid, signal.SIGKILL)
+        while _pid_alive(pid):
+            _reap(pid)
+            time.sleep(0.05)
 
 
 def _reap(pid: int) -> None:

@@ -134,6 +134,30 @@ def cmd_down(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_cluster(args: argparse.Namespace, settings: Settings) -> int:
+    from app.cluster import LocalCluster
+    from app.kafka_io import KafkaConnection, app_topics, ensure_topics
+
+    cluster = LocalCluster.of(settings)
+    if args.cluster_command == "down":
+        stopped = cluster.down()
+        print(f"stopped: {', '.join(stopped)}" if stopped else "cluster: was not running")
+        return 0
+    if args.cluster_command == "up":
+        cluster.up(timeout=args.timeout)
+        created = ensure_topics(KafkaConnection(cluster.bootstrap), app_topics(settings))
+        print(f"topics created: {', '.join(created) or 'none (all present)'}")
+    for line in cluster.describe():
+        print(line)
+    if args.cluster_command == "up":
+        print(
+            f"use it: export ADATTR_BOOTSTRAP_SERVERS={cluster.bootstrap} "
+            f"ADATTR_WAREHOUSE={cluster.shared}/warehouse "
+            f"ADATTR_CHECKPOINTS={cluster.shared}/checkpoints"
+        )
+    return 0
+
+
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     plain, secure = (_broker_at(settings, secure=b).status() for b in (False, True))
     print(secure.describe() if secure.running and not plain.running else plain.describe())
@@ -503,6 +527,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("down", cmd_down, "stop the local Kafka broker")
     add("status", cmd_status, "say what runs where")
+
+    cluster = sub.add_parser(
+        "cluster",
+        help="a Spark standalone cluster (master, two workers) and a three-node Kafka cluster "
+        "(replication 3, min.insync.replicas 2) on loopback",
+        description="a Spark standalone cluster and a three-node Kafka cluster on loopback",
+    )
+    cluster_sub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
+    for name, help_text in (
+        ("up", "start what is not running yet and create the topics"),
+        ("down", "stop the workers, the master and the Kafka nodes"),
+        ("status", "what runs where: PIDs, ports, master URL, bootstrap servers"),
+    ):
+        action = cluster_sub.add_parser(name, help=help_text, description=help_text)
+        action.set_defaults(handler=cmd_cluster, cluster_command=name)
+        if name == "up":
+            action.add_argument("--timeout", type=float, default=180.0)
 
     dim = sub.add_parser("dim", help="manage the dim_ads dimension", description="manage dim_ads")
     dim_sub = dim.add_subparsers(dest="dim_command", required=True, metavar="ACTION")

@@ -6,6 +6,7 @@ The CLI prints these as one clear line instead of a stack trace.
 from __future__ import annotations
 
 from app.broker import BrokerError
+from app.cluster import ClusterError
 from app.kafka_io import KafkaAccessError
 from app.metrics import MetricsError
 from app.settings import SettingsError
@@ -18,6 +19,7 @@ class UserInputError(ValueError):
 
 USER_ERRORS: tuple[type[Exception], ...] = (
     BrokerError,
+    ClusterError,
     KafkaAccessError,
     MetricsError,
     MissingJarsError,

@@ -99,6 +99,13 @@ class Settings:
     kafka_controller_port: int = field(
         default=9093, metadata={"doc": "KRaft controller port of the local broker"}
     )
+    cluster_port: int = field(
+        default=19400,
+        metadata={
+            "doc": "first of the ten loopback ports of `adattr cluster up` (three Kafka nodes, "
+            "their controllers, the Spark master and its UI, two worker UIs)"
+        },
+    )
     spark_master: str = field(default="local[*]", metadata={"doc": "Spark master URL"})
     spark_driver_memory: str = field(default="2g", metadata={"doc": "driver JVM heap"})
     spark_ui: bool = field(default=False, metadata={"doc": "start the Spark UI"})

@@ -1,0 +1,299 @@
+"""``adattr cluster up|down|status``: a Spark standalone cluster and a three-node Kafka cluster on
+loopback, from what set-up already installed (pyspark's own ``spark-class``, the Kafka jars).
+
+- Kafka: three combined broker+controller KRaft nodes (one static quorum of three voters), every
+  topic with three replicas and ``min.insync.replicas=2``, the offsets and transaction state
+  topics too (``infra/kafka/server-cluster.properties`` over ``server.properties``). One node may
+  die without losing an acknowledged record or stopping a transactional producer.
+- Spark: a standalone master and two workers of one core each, each a JVM of its own.
+
+Everything lives under ``<data_dir>/cluster/`` (each node's data and logs, the workers' work
+folders, ``cluster.json`` with what was started where), which is also the storage every worker
+sees: warehouse and checkpoints of a job submitted to this cluster go there. Ports are
+``ADATTR_CLUSTER_PORT`` and the nine after it. Every process runs in a process group of its own,
+so ``down`` (or a drill) can stop or kill one without touching the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.broker import (
+    BrokerError,
+    ClusterNode,
+    LocalBroker,
+    _pid_alive,
+    new_cluster_id,
+    port_is_free,
+    stop_group,
+)
+from app.settings import Settings
+
+NODES = 3
+WORKERS = 2
+HOST = "127.0.0.1"
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The ten ports of a cluster from its first one."""
+
+    base: int
+
+    def kafka(self, node: int) -> int:  # node 1..3
+        return self.base + node - 1
+
+    def controller(self, node: int) -> int:
+        return self.base + NODES + node - 1
+
+    @property
+    def master(self) -> int:
+        return self.base + 2 * NODES
+
+    @property
+    def master_ui(self) -> int:
+        return self.master + 1
+
+    def worker_ui(self, worker: int) -> int:  # worker 1..2
+        return self.master + 1 + worker
+
+    def all(self) -> list[int]:
+        return list(range(self.base, self.worker_ui(WORKERS) + 1))
+
+
+@dataclass(frozen=True)
+class LocalCluster:
+    root: Path  # <data_dir>/cluster
+    jars_dir: Path
+    ports: Ports
+    worker_memory: str = "3g"
+
+    @classmethod
+    def of(cls, settings: Settings) -> LocalCluster:
+        return cls(
+            settings.data_dir.resolve() / "cluster", settings.jars_dir, Ports(settings.cluster_port)
+        )
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"{HOST}:{self.ports.kafka(n)}" for n in range(1, NODES + 1))
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://{HOST}:{self.ports.master}"
+
+    @property
+    def shared(self) -> Path:
+        """The folder every worker sees: a submitted job's warehouse and checkpoints."""
+        return self.root / "shared"
+
+    def broker(self, node: int, cluster_id: str = "") -> LocalBroker:
+        voters = ",".join(f"{n}@{HOST}:{self.ports.controller(n)}" for n in range(1, NODES + 1))
+        return LocalBroker(
+            data_dir=self.root / f"kafka-{node}",
+            jars_dir=self.jars_dir,
+            host=HOST,
+            port=self.ports.kafka(node),
+            controller_port=self.ports.controller(node),
+            heap="512m",
+            node=ClusterNode(node, voters, cluster_id or self._cluster_id()),
+        )
+
+    def _cluster_id(self) -> str:
+        """The id all three nodes are formatted with: made once, kept under the root."""
+        path = self.root / "kafka-cluster-id"
+        if not path.exists():
+            self.root.mkdir(parents=True, exist_ok=True)
+            path.write_text(new_cluster_id())
+        return path.read_text().strip()
+
+    # -- Spark standalone ------------------------------------------------------------------------
+    def _spark_class(self, name: str, *args: str) -> list[str]:
+        import pyspark
+
+        spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
+        return [str(spark_class), name, *args]
+
+    def _spark_pid_file(self, name: str) -> Path:
+        return self.root / "spark" / f"{name}.pid"
+
+    def _spark_pid(self, name: str) -> int | None:
+        try:
+            pid = int(self._spark_pid_file(name).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if _pid_alive(pid) else None
+
+    def _start_spark(self, name: str, command: list[str]) -> None:
+        if self._spark_pid(name) is not None:
+            return
+        logs = self.root / "spark"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = {
+            **os.environ,
+            "SPARK_LOG_DIR": str(logs),
+            "SPARK_WORKER_DIR": str(logs / "work"),
+            # The daemons' own heap; executors get the worker's --memory.
+            "SPARK_DAEMON_MEMORY": "512m",
+        }
+        with (logs / f"{name}.log").open("ab") as out:
+            proc = subprocess.Popen(
+                command,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self._spark_pid_file(name).write_text(str(proc.pid))
+
+    def start_worker(self, worker: int) -> None:
+        """Starts worker 1 or 2 (one core), registered with the master (a drill's replacement
+        worker comes this way too)."""
+        self._start_spark(
+            f"worker-{worker}",
+            self._spark_class(
+                "org.apache.spark.deploy.worker.Worker",
+                *("--host", HOST, "--cores", "1", "--memory", self.worker_memory),
+                *("--webui-port", str(self.ports.worker_ui(worker))),
+                *("--work-dir", str(self.root / "spark" / f"work-{worker}")),
+                self.master_url,
+            ),
+        )
+
+    def master_state(self, timeout: float = 2.0) -> dict[str, Any] | None:
+        """The master's own JSON view (its web UI's /json), None when it does not answer."""
+        url = f"http://{HOST}:{self.ports.master_ui}/json/"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                state: dict[str, Any] = json.loads(response.read())
+                return state
+        except (OSError, ValueError):
+            return None
+
+    def alive_workers(self) -> int:
+        state = self.master_state()
+        if state is None:
+            return 0
+        return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
+
+    # -- the whole cluster -----------------------------------------------------------------------
+    def up(self, timeout: float = 120.0) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.shared.mkdir(exist_ok=True)
+        brokers = [self.broker(n) for n in range(1, NODES + 1)]
+        ours = {p for b in brokers if b.status().running for p in (b.port, b.controller_port)}
+        if self._spark_pid("master") is not None:
+            ours |= {self.ports.master, self.ports.master_ui}
+        ours |= {
+            self.ports.worker_ui(w)
+            for w in range(1, WORKERS + 1)
+            if self._spark_pid(f"worker-{w}") is not None
+        }
+        taken = [p for p in self.ports.all() if p not in ours and not port_is_free(HOST, p)]
+        if taken:
+            raise ClusterError(
+                f"port(s) {', '.join(map(str, taken))} on {HOST} are taken by another process; "
+                f"stop it or set ADATTR_CLUSTER_PORT (the cluster uses it and the "
+                f"{len(self.ports.all()) - 1} after it)"
+            )
+        # All three nodes must run before any can answer: a quorum needs two voters.
+        launched = [(b, b.launch()) for b in brokers if not b.status().running]
+        self._start_spark(
+            "master",
+            self._spark_class(
+                "org.apache.spark.deploy.master.Master",
+                *("--host", HOST, "--port", str(self.ports.master)),
+                *("--webui-port", str(self.ports.master_ui)),
+            ),
+        )
+        for w in range(1, WORKERS + 1):
+            self.start_worker(w)
+        try:
+            for broker, proc in launched:
+                broker.wait_until_ready(proc, timeout)
+            self.wait_for_workers(WORKERS, timeout)
+        except (BrokerError, ClusterError):
+            self.down()
+            raise
+        self._write_state()
+
+    def wait_for_workers(self, n: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._spark_pid("master") is None:
+                raise ClusterError(
+                    f"the Spark master exited while starting; see {self.root / 'spark'}/master.log"
+                )
+            if self.alive_workers() >= n:
+                return
+            time.sleep(0.3)
+        raise ClusterError(
+            f"{self.alive_workers()} of {n} Spark workers registered with {self.master_url} "
+            f"within {timeout:.0f}s; see the logs in {self.root / 'spark'}"
+        )
+
+    def _write_state(self) -> None:
+        (self.root / "cluster.json").write_text(
+            json.dumps(
+                {
+                    "bootstrap_servers": self.bootstrap,
+                    "spark_master": self.master_url,
+                    "spark_master_ui": f"http://{HOST}:{self.ports.master_ui}",
+                    "shared": str(self.shared),
+                },
+                indent=1,
+            )
+        )
+
+    def down(self) -> list[str]:
+        """Stops whatever of the cluster runs (workers first); returns what it stopped."""
+        stopped = []
+        for name in [f"worker-{w}" for w in range(WORKERS, 0, -1)] + ["master"]:
+            pid = self._spark_pid(name)
+            if pid is not None:
+                stop_group(pid, 30)
+                stopped.append(f"spark {name}")
+            self._spark_pid_file(name).unlink(missing_ok=True)
+        for n in range(1, NODES + 1):
+            broker = LocalBroker(self.root / f"kafka-{n}", self.jars_dir)
+            if broker.stop():
+                stopped.append(f"kafka node {n}")
+        return stopped
+
+    def describe(self) -> list[str]:
+        lines = []
+        for n in range(1, NODES + 1):
+            b = self.broker(n, cluster_id="-")
+            st = b.status()
+            lines.append(
+                f"kafka node {n}: "
+                + (f"running, pid {st.pid}, {b.bootstrap}" if st.running else "not running")
+            )
+        for name in ["master"] + [f"worker-{w}" for w in range(1, WORKERS + 1)]:
+            pid = self._spark_pid(name)
+            lines.append(f"spark {name}: " + (f"running, pid {pid}" if pid else "not running"))
+        workers = self.alive_workers()
+        lines.append(f"bootstrap servers: {self.bootstrap}")
+        lines.append(
+            f"spark master: {self.master_url} (UI http://{HOST}:{self.ports.master_ui}), "
+            f"{workers} worker(s) alive"
+        )
+        lines.append(f"shared storage (warehouse, checkpoints): {self.shared}")
+        return lines
+
+    def running(self) -> bool:
+        return any(
+            self.broker(n, cluster_id="-").status().running for n in range(1, NODES + 1)
+        ) or (self._spark_pid("master") is not None)

@@ -1,0 +1,77 @@
+"""`adattr cluster`'s layout and each Kafka node's configuration, without starting a JVM."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from app.cluster import ClusterError, LocalCluster, Ports
+
+
+def _cluster(tmp_path: Path, base: int = 23400) -> LocalCluster:
+    return LocalCluster(tmp_path / "cluster", tmp_path / "jars", Ports(base))
+
+
+def _properties(text: str) -> dict[str, list[str]]:
+    values: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            values.setdefault(key, []).append(value)
+    return values
+
+
+def test_ten_distinct_ports_from_the_first() -> None:
+    ports = Ports(23400)
+    assert [ports.kafka(n) for n in (1, 2, 3)] == [23400, 23401, 23402]
+    assert [ports.controller(n) for n in (1, 2, 3)] == [23403, 23404, 23405]
+    assert (ports.master, ports.master_ui, ports.worker_ui(1), ports.worker_ui(2)) == (
+        23406,
+        23407,
+        23408,
+        23409,
+    )
+    assert ports.all() == list(range(23400, 23410))
+
+
+def test_each_node_has_its_id_the_three_voters_and_replication_three(tmp_path: Path) -> None:
+    cluster = _cluster(tmp_path)
+    configs = []
+    for n in (1, 2, 3):
+        broker = cluster.broker(n)
+        broker.data_dir.mkdir(parents=True)
+        configs.append(_properties(broker._write_config().read_text()))
+    voters = "1@127.0.0.1:23403,2@127.0.0.1:23404,3@127.0.0.1:23405"
+    for n, config in enumerate(configs, start=1):
+        # Every key once: the cluster overlay replaced the single node's values in place.
+        assert all(len(v) == 1 for v in config.values()), config
+        single = {k: v[0] for k, v in config.items()}
+        assert single["node.id"] == str(n)
+        assert single["controller.quorum.voters"] == voters
+        assert (
+            single["listeners"]
+            == f"PLAINTEXT://127.0.0.1:{23399 + n},CONTROLLER://127.0.0.1:{23402 + n}"
+        )
+        assert single["default.replication.factor"] == "3"
+        assert single["min.insync.replicas"] == "2"
+        assert single["offsets.topic.replication.factor"] == "3"
+        assert single["transaction.state.log.replication.factor"] == "3"
+        assert single["transaction.state.log.min.isr"] == "2"
+        assert single["log.dirs"] == str((tmp_path / "cluster" / f"kafka-{n}" / "data").resolve())
+    # One cluster id for the three, made once and kept.
+    ids = {cluster.broker(n).node.cluster_id for n in (1, 2, 3)}  # type: ignore[union-attr]
+    assert len(ids) == 1 and ids == {(tmp_path / "cluster" / "kafka-cluster-id").read_text()}
+
+
+def test_a_taken_port_is_named_before_anything_starts(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        cluster = _cluster(tmp_path, base=taken - 7)  # the master UI's port
+        with pytest.raises(ClusterError, match=f"port\\(s\\) {taken} on 127.0.0.1 are taken"):
+            cluster.up(timeout=5)
+    assert not (tmp_path / "cluster" / "kafka-1" / "kafka.pid").exists()
+    assert not (tmp_path / "cluster" / "spark").exists()
