@@ -4,7 +4,8 @@ Each drill generates its own traffic and truth, hurts the job, then verifies eve
 against the truth, audits the ledger and reconciles every table from bronze, exiting 1 on any
 discrepancy (those checks' own ability to fail is pinned in test_job.py). The crash drill here
 hits two crash points no other test does (inside Spark's state commit; between two Delta
-commits of one batch), plus two random SIGKILLs; the full drill (README) hits all seven.
+commits of one batch), plus one random SIGKILL (CI's time budget: each kill is a job start,
+~25 s); the full drill (README) hits all seven and kills at random five times.
 """
 
 from __future__ import annotations
@@ -41,12 +42,12 @@ def test_crash_drill(kafka_bootstrap: str, tmp_path: Path) -> None:
     points = "during_state_store_upload,between_delta_commits"
     done = run_adattr(
         _env(tmp_path, kafka_bootstrap),
-        *("drill", "crash", "--kills", "2", "--seed", "5", "--events", "1000", "--points", points),
+        *("drill", "crash", "--kills", "1", "--seed", "5", "--events", "1000", "--points", points),
         timeout=1200,
     )
     out = _passed(done, "crash")
     assert out.count(": killed;") == 2
-    assert out.count("SIGKILL to the process tree") == 2
+    assert out.count("SIGKILL to the process tree") == 1
 
 
 def test_replay_drill(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -59,7 +60,7 @@ def test_replay_drill(kafka_bootstrap: str, tmp_path: Path) -> None:
 def test_broker_drill_owns_and_restarts_its_broker(tmp_path: Path) -> None:
     env = _env(tmp_path, f"127.0.0.1:{free_port()}")
     done = run_adattr(
-        env, "drill", "broker", "--events", "1200", "--down-seconds", "10", timeout=1200
+        env, "drill", "broker", "--events", "1200", "--down-seconds", "5", timeout=1200
     )
     out = _passed(done, "broker")
     assert "broker restarted" in out
