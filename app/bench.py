@@ -164,7 +164,7 @@ def worker(variant: str, out: Path, dim: Path | None) -> None:
         from app.dim_csv import read_dim_csv
         from pipelines.dimension import upsert_dim_ads
 
-        upsert_dim_ads(spark, str(settings.warehouse.resolve()), read_dim_csv(dim))
+        upsert_dim_ads(spark, settings.warehouse_uri, read_dim_csv(dim))
     if variant == "B1":
         query = textbook_job(spark, settings)
     elif variant == "B0s":
@@ -200,7 +200,7 @@ def textbook_job(spark: Any, settings: Any) -> Any:
     from pipelines import tables as t
     from pipelines.delta_writes import delta_txn
 
-    warehouse = str(settings.warehouse.resolve())
+    warehouse = settings.warehouse_uri
     target = f"{warehouse}/b1_ad_counts_1m"
     DeltaTable.createIfNotExists(spark).location(target).addColumns(
         cast(
@@ -278,7 +278,7 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
     )
     spark = build_spark(settings, "adattr-bench-fixed")
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
-    upsert_dim_ads(spark, str(settings.warehouse.resolve()), traffic.dim_rows)
+    upsert_dim_ads(spark, settings.warehouse_uri, traffic.dim_rows)
     read: dict[int, int] = {}
     steps: dict[int, dict[str, float]] = {}
 
@@ -376,7 +376,7 @@ def latency_worker(rate: float, seconds: float, out: Path) -> None:
         )
     )
     spark = build_spark(settings, "adattr-bench-latency")
-    warehouse = str(settings.warehouse.resolve())
+    warehouse = settings.warehouse_uri
     upsert_dim_ads(spark, warehouse, traffic.dim_rows)
     visible: dict[int, float] = {}
     stop = threading.Event()
@@ -592,7 +592,7 @@ def _publish_cost(s: Any, rows: int) -> dict[str, Any]:
     from pipelines.published_rows import changed_records
 
     spark = build_spark(s.settings, "adattr-bench-publish")
-    warehouse = str(s.settings.warehouse.resolve())
+    warehouse = s.settings.warehouse_uri
     t.create_tables(spark, warehouse)
     generation, batch, app_id = 1, 7, f"adattr-bench-publish-{s.id}"
     minute = F.col("id") % 1440  # one row per (minute of a day, ad): a key per row

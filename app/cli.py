@@ -161,7 +161,7 @@ def cmd_cluster(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     plain, secure = (_broker_at(settings, secure=b).status() for b in (False, True))
     print(secure.describe() if secure.running and not plain.running else plain.describe())
-    print(f"warehouse: {settings.warehouse.resolve()}")
+    print(f"warehouse: {settings.warehouse_uri}")
     print(f"checkpoints: {settings.checkpoints.resolve()}")
     print(f"topics: in {settings.input_topic}, out {settings.output_topic}")
     return 0
@@ -174,7 +174,7 @@ def cmd_dim_load(args: argparse.Namespace, settings: Settings) -> int:
 
     rows = read_dim_csv(Path(args.csv))  # all checks before Spark starts
     spark = build_spark(settings, "adattr-dim-load")
-    version, total = upsert_dim_ads(spark, str(settings.warehouse.resolve()), rows)
+    version, total = upsert_dim_ads(spark, settings.warehouse_uri, rows)
     print(f"dim_ads: upserted {len(rows)} rows from {args.csv}; version {version}, {total} ads")
     return 0
 
@@ -271,7 +271,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     else:
         chosen, why = None, "replay --from-earliest"
     spark = build_spark(settings, "adattr-replay")
-    warehouse = str(settings.warehouse.resolve())
+    warehouse = settings.warehouse_uri
     upto = r.ledger_read_upto(spark, warehouse, topic) if job.has_ledger(spark, warehouse) else {}
     start = r.plan(topic=topic, partitions=partitions, chosen=chosen, read_upto=upto)
     made: list[job.Generation] = []
@@ -306,7 +306,7 @@ def cmd_summary(args: argparse.Namespace, settings: Settings, spark: object = No
     from app.verify import campaign_summary
 
     session = spark or build_spark(settings, "adattr-summary")
-    rows = campaign_summary(session, str(settings.warehouse.resolve()))  # type: ignore[arg-type]
+    rows = campaign_summary(session, settings.warehouse_uri)  # type: ignore[arg-type]
     print(
         f"{'campaign':<12} {'impressions':>12} {'clicks':>8} {'spend':>16} "
         f"{'conversions':>11} {'revenue':>14} {'(pending)':>9}"
@@ -328,7 +328,7 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     except (OSError, ValueError) as exc:
         raise UserInputError(f"cannot read truth file {args.truth}: {exc}") from None
     spark = build_spark(settings, "adattr-verify")
-    problems = diff(truth, observed(spark, str(settings.warehouse.resolve())))
+    problems = diff(truth, observed(spark, settings.warehouse_uri))
     if problems:
         print(f"verify: {len(problems)} difference(s) from {args.truth}:")
         for line in problems[:50]:
@@ -353,7 +353,7 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
 
     spark = build_spark(settings, "adattr-audit")
     gen = current_generation(settings.checkpoints)
-    checks = audit(spark, str(settings.warehouse.resolve()), KafkaConnection.of(settings))
+    checks = audit(spark, settings.warehouse_uri, KafkaConnection.of(settings))
     print(f"audit of every generation (current: {gen.number}, {gen.app_id}):")
     for check in checks:
         print(f"  {'OK    ' if check.ok else 'BREACH'} {check.name}: {check.detail}")
@@ -370,7 +370,7 @@ def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
     started = time.monotonic()
     diffs = reconcile(
         spark,
-        str(settings.warehouse.resolve()),
+        settings.warehouse_uri,
         max_bytes=settings.max_record_bytes,
         lookback_seconds=settings.attribution_lookback_seconds,
         session_gap_seconds=settings.session_gap_seconds,
@@ -432,7 +432,7 @@ def cmd_quality(args: argparse.Namespace, settings: Settings) -> int:
     spark = build_spark(settings, "adattr-quality")
     report = run_quality(
         spark,
-        str(settings.warehouse.resolve()),
+        settings.warehouse_uri,
         settings.data_dir / "gx",
         lookback_seconds=settings.attribution_lookback_seconds,
     )

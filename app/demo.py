@@ -60,7 +60,12 @@ def _topic_has_records(kafka: KafkaConnection, topic: str) -> bool:
 
 
 def _reset(settings: Settings) -> None:
-    warehouse, checkpoints = settings.warehouse, settings.checkpoints
+    warehouse, checkpoints = settings.local_warehouse, settings.checkpoints
+    if warehouse is None:
+        raise UserInputError(
+            f"the demo resets its warehouse, so it runs on this machine's disk only, not on "
+            f"{settings.warehouse}: point ADATTR_WAREHOUSE at a local folder"
+        )
     has_tables = warehouse.exists() and any(warehouse.iterdir())
     ours = (warehouse / MARKER).exists()
     if (

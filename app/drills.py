@@ -158,7 +158,7 @@ class Stack:
     def load_dim(self, traffic: Any) -> None:
         from pipelines.dimension import upsert_dim_ads
 
-        upsert_dim_ads(self.spark(), str(self.settings.warehouse), traffic.dim_rows)
+        upsert_dim_ads(self.spark(), self.settings.warehouse_uri, traffic.dim_rows)
 
     def produce(self, records: list[tuple[bytes, bytes]]) -> None:
         from app.generator import produce
@@ -223,7 +223,7 @@ class Stack:
         from app.verify import diff, observed
 
         spark = self.spark()
-        warehouse = str(self.settings.warehouse)
+        warehouse = self.settings.warehouse_uri
         if truth:
             expected = json.loads((self.dir / "truth.json").read_text())
             problems = diff(expected, observed(spark, warehouse))
@@ -267,7 +267,7 @@ class Stack:
         return {name: self._hash(name, F) for name in (*names, t.SESSIONS)}
 
     def _hash(self, name: str, F: Any) -> tuple[int, int]:
-        df = self.spark().read.format("delta").load(f"{self.settings.warehouse}/{name}")
+        df = self.spark().read.format("delta").load(self.settings.table_path(name))
         cols = [c for c in df.columns if c not in ("generation", "batch_id")]
         row = df.select(F.xxhash64(*cols).alias("h")).agg(
             F.count("*").alias("n"), F.sum(F.col("h").cast("decimal(38,0)")).alias("s")

@@ -31,6 +31,9 @@ class SettingsError(ValueError):
     """A setting is unknown or malformed; the message names the variable and the fix."""
 
 
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
 def _repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
@@ -77,8 +80,13 @@ class Settings:
             "and its unencrypted PKCS#8 private key"
         },
     )
-    warehouse: Path = field(
-        default=Path("warehouse"), metadata={"doc": "root of the Delta tables: <warehouse>/<table>"}
+    # A string, not a Path: a URI (s3a://bucket/x) must keep its "//", which Path collapses.
+    warehouse: str = field(
+        default="warehouse",
+        metadata={
+            "doc": "root of the Delta tables: <warehouse>/<table>; a local folder, or a URI "
+            "Hadoop's file systems read (s3a://, abfss://, gs://, hdfs://)"
+        },
     )
     checkpoints: Path = field(
         default=Path("checkpoints"), metadata={"doc": "root of the streaming checkpoints"}
@@ -208,8 +216,20 @@ class Settings:
     def consumer_db_url(self) -> str:
         return self.consumer_db or f"sqlite:///{(self.data_dir / 'budget.db').resolve()}"
 
+    @property
+    def warehouse_uri(self) -> str:
+        """The warehouse as Spark takes it: a URI as given, a local folder made absolute."""
+        if _URI.match(self.warehouse):
+            return self.warehouse.rstrip("/")
+        return str(Path(self.warehouse).resolve())
+
+    @property
+    def local_warehouse(self) -> Path | None:
+        """The warehouse's folder when it is on this machine's disk (None: a URI)."""
+        return None if _URI.match(self.warehouse) else Path(self.warehouse).resolve()
+
     def table_path(self, name: str) -> str:
-        return str((self.warehouse / name).resolve())
+        return f"{self.warehouse_uri}/{name}"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -233,6 +253,8 @@ class Settings:
             shown = "<hidden>" if _is_secret(name) else repr(getattr(self, name))
             raise SettingsError(f"{PREFIX}{name.upper()}={shown}: {why}")
 
+        if not self.warehouse.strip():
+            fail("warehouse", "must not be empty (a folder, or a URI such as s3a://bucket/path)")
         if not self.bootstrap_servers.strip():
             fail("bootstrap_servers", "must name at least one host:port")
         for hp in self.bootstrap_servers.split(","):

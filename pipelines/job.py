@@ -174,7 +174,7 @@ def start(
     observer: Callable[[BatchReport], None] | None = None,
     metrics: JobMetrics | None = None,
 ) -> StreamingQuery:
-    warehouse = str(settings.warehouse.resolve())
+    warehouse = settings.warehouse_uri
     dim_snapshot(spark, warehouse, int(time.time() * 1000))  # fail early if dim_ads is missing
     create_tables(spark, warehouse)
     gen = current_generation(settings.checkpoints)

@@ -27,7 +27,7 @@ def base_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     root = tmp_path_factory.mktemp("adattr")
     return replace(
         Settings.from_env({}),
-        warehouse=root / "warehouse",
+        warehouse=str(root / "warehouse"),
         checkpoints=root / "checkpoints",
         data_dir=root / "data",
         spark_master="local[2]",
@@ -73,7 +73,7 @@ def isolated_settings(base: Settings, bootstrap: str, root: Path) -> Settings:
     return replace(
         base,
         bootstrap_servers=bootstrap,
-        warehouse=root / "warehouse",
+        warehouse=str(root / "warehouse"),
         checkpoints=root / "checkpoints",
         input_topic=f"ad-events-{suffix}",
         output_topic=f"ad-metrics-{suffix}",

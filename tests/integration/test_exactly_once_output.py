@@ -85,7 +85,7 @@ def committed_records(kafka: KafkaConnection, topic: str) -> list[dict[str, Any]
 def gold_view(spark: SparkSession, settings: Settings) -> dict[tuple[str, str], tuple[Any, ...]]:
     rows = (
         spark.read.format("delta")
-        .load(f"{settings.warehouse.resolve()}/{t.GOLD_1M}")
+        .load(f"{settings.warehouse_uri}/{t.GOLD_1M}")
         .select(
             F.date_format("window_start", ISO).alias("w"),
             "ad_id",
@@ -103,7 +103,7 @@ def gold_view(spark: SparkSession, settings: Settings) -> dict[tuple[str, str], 
 
 
 def attributions_view(spark: SparkSession, settings: Settings) -> dict[str, str | None]:
-    rows = spark.read.format("delta").load(f"{settings.warehouse.resolve()}/{t.ATTRIBUTIONS}")
+    rows = spark.read.format("delta").load(f"{settings.warehouse_uri}/{t.ATTRIBUTIONS}")
     return {r.conversion_id: r.click_id for r in rows.collect()}
 
 
@@ -122,7 +122,7 @@ def test_crashes_between_and_inside_commits_leave_an_exact_downstream_view(
     )
     traffic = plan_traffic(cfg)
     ensure_topics(KafkaConnection.of(settings), app_topics(settings))
-    upsert_dim_ads(spark, str(settings.warehouse.resolve()), traffic.dim_rows)
+    upsert_dim_ads(spark, settings.warehouse_uri, traffic.dim_rows)
     produce(traffic.main, KafkaConnection.of(settings), settings.input_topic, progress=False)
     db = tmp_path / "budget.db"
     budgets = tmp_path / "budgets.csv"
@@ -192,7 +192,7 @@ def test_crashes_between_and_inside_commits_leave_an_exact_downstream_view(
     finally:
         store.close()
     # Every batch is in the ledger once, with the outcome of its transaction.
-    ledger = spark.read.format("delta").load(f"{settings.warehouse.resolve()}/{t.LEDGER}")
+    ledger = spark.read.format("delta").load(f"{settings.warehouse_uri}/{t.LEDGER}")
     outcomes = {r.batch_id: r.kafka_outcome for r in ledger.collect()}
     assert outcomes[1].startswith("committed:"), outcomes
     assert ledger.count() == len(outcomes) >= 4

@@ -34,7 +34,7 @@ GOLD = (t.ATTRIBUTIONS, t.CTR_1H, t.SESSIONS)
 
 
 def _warehouse(settings: Settings) -> str:
-    return str(settings.warehouse.resolve())
+    return settings.warehouse_uri
 
 
 def _fingerprint(spark: SparkSession, settings: Settings) -> dict[str, tuple[int, str]]:

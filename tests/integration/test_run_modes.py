@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 
 
 def _ledger_read(spark: SparkSession, settings: Settings) -> int:
-    path = f"{settings.warehouse.resolve()}/{t.LEDGER}"
+    path = f"{settings.warehouse_uri}/{t.LEDGER}"
     try:
         rows = spark.read.format("delta").load(path).select("counts").collect()
     except Exception:  # the job has not created its tables yet
@@ -45,7 +45,7 @@ def _by_label(samples: Samples, name: str, label: str) -> dict[str, float]:
 def _metrics_match_the_ledger(spark: SparkSession, settings: Settings, port: int) -> Samples:
     """Scrapes until the record counters equal the ledger's counts per outcome and no input is
     left unread (the counters move after the ledger row is written); returns that scrape."""
-    ledger = spark.read.format("delta").load(f"{settings.warehouse.resolve()}/{t.LEDGER}")
+    ledger = spark.read.format("delta").load(f"{settings.warehouse_uri}/{t.LEDGER}")
     deadline = time.monotonic() + 60
     while True:
         samples = scrape(port)
@@ -69,7 +69,7 @@ def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Sett
     runs, its metrics endpoint is scraped: the counters add up to the ledger."""
     traffic = plan_traffic(GenConfig(events=2000, seed=5, users=50, ads=10, late_ratio=0))
     ensure_topics(KafkaConnection.of(settings), app_topics(settings))
-    upsert_dim_ads(spark, str(settings.warehouse.resolve()), traffic.dim_rows)
+    upsert_dim_ads(spark, settings.warehouse_uri, traffic.dim_rows)
     port = free_port()
     # several batches
     env = settings_env(settings, max_offsets_per_trigger="700", metrics_port=str(port))
@@ -97,8 +97,8 @@ def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Sett
     assert proc.returncode == 0, out[-3000:]
     assert "run: stopped" in out
     assert "Traceback" not in out and "Py4J" not in out, out[-3000:]
-    assert diff(traffic.truth, observed(spark, str(settings.warehouse.resolve()))) == []
-    ledger = spark.read.format("delta").load(f"{settings.warehouse.resolve()}/{t.LEDGER}")
+    assert diff(traffic.truth, observed(spark, settings.warehouse_uri)) == []
+    ledger = spark.read.format("delta").load(f"{settings.warehouse_uri}/{t.LEDGER}")
     assert ledger.count() >= 3  # the cap really split the topic into batches
     # What else an operator watches was there, and consistent with the ledger.
     records = _by_label(samples, "adattr_records_total", "outcome")
@@ -118,7 +118,7 @@ def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Sett
 
 def test_dimension_change_is_picked_up_by_later_batches(spark, settings: Settings) -> None:  # type: ignore[no-untyped-def]
     """Also runs on the HDFS-backed state store, the selectable alternative to RocksDB."""
-    warehouse = str(settings.warehouse.resolve())
+    warehouse = settings.warehouse_uri
     provider = "spark.sql.streaming.stateStore.providerClass"
     default_provider = spark.conf.get(provider)
     spark.conf.set(provider, STATE_STORE_PROVIDERS["hdfs"])

@@ -99,7 +99,7 @@ def test_the_job_and_the_budget_service_run_over_sasl_ssl_and_no_password_shows(
     assert "run: stopped" in out
     assert any(b"java" in line for line in cmdlines.values()), "the Spark JVM was never seen"
 
-    ledger = spark.read.format("delta").load(f"{settings.warehouse}/{t.LEDGER}").collect()
+    ledger = spark.read.format("delta").load(settings.table_path(t.LEDGER)).collect()
     outcomes = [r.kafka_outcome for r in ledger]
     rows = sum(int(o.split(":")[1]) for o in outcomes if o.startswith("committed:"))
     assert rows > 0

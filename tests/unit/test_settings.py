@@ -11,7 +11,7 @@ from app.spark import STATE_STORE_PROVIDERS, MissingJarsError, archive_path, spa
 def test_defaults_are_loopback_and_local() -> None:
     s = Settings.from_env({})
     assert s.bootstrap_servers == "127.0.0.1:9092"
-    assert (s.warehouse, s.checkpoints) == (Path("warehouse"), Path("checkpoints"))
+    assert (s.warehouse, s.checkpoints) == ("warehouse", Path("checkpoints"))
     assert (s.input_topic, s.output_topic) == ("ad-events", "ad-metrics")
     assert s.watermark_delay_seconds == 600
 
@@ -29,10 +29,20 @@ def test_values_are_read_and_typed() -> None:
             "OTHER": "ignored",
         }
     )
-    assert s.warehouse == Path("/tmp/wh")
+    assert s.warehouse == "/tmp/wh"
     assert s.shuffle_partitions == 8 and s.spark_ui is True
     assert s.watermark_delay_seconds == 7200
     assert s.table_path("dim_ads") == "/tmp/wh/dim_ads"
+
+
+def test_a_warehouse_uri_is_kept_as_given_and_a_folder_made_absolute(tmp_path: Path) -> None:
+    s3 = Settings.from_env({"ADATTR_WAREHOUSE": "s3a://adattr-prod/warehouse/"})
+    assert s3.warehouse_uri == "s3a://adattr-prod/warehouse"  # Path would make it s3a:/...
+    assert s3.table_path("silver_ad_events") == "s3a://adattr-prod/warehouse/silver_ad_events"
+    assert s3.local_warehouse is None
+    local = Settings.from_env({"ADATTR_WAREHOUSE": "wh"})
+    assert local.warehouse_uri == str(Path("wh").resolve())
+    assert local.local_warehouse == Path("wh").resolve()
 
 
 @pytest.mark.parametrize(
