@@ -89,6 +89,22 @@ def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Sett
             assert time.monotonic() < deadline, "the running job did not catch up in 300 s"
             time.sleep(1)  # polling the ledger for the condition, not standing in for it
         samples = _metrics_match_the_ledger(spark, settings, port)
+        # A second job on the same checkpoint, from another process tree (its own session, as
+        # from another shell or service), is refused before it writes anything: the lock is
+        # taken before the query, its tables, its producer or its first batch exist.
+        second = subprocess.run(
+            [str(Path(sys.executable).with_name("adattr")), "run", "--available-now"],
+            env={**env, "ADATTR_METRICS_PORT": "0"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            start_new_session=True,
+        )
+        assert second.returncode == 1, second.stdout[-2000:] + second.stderr[-2000:]
+        assert f"the job is already running on {settings.checkpoints}" in second.stderr
+        assert f"(pid {proc.pid})" in second.stderr and "Traceback" not in second.stderr
+        assert "publisher" not in second.stderr and "batch " not in second.stderr
+        assert proc.poll() is None  # the first one carries on
         os.killpg(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
