@@ -37,7 +37,13 @@ class BrokerError(RuntimeError):
 class ClusterNode:
     node_id: int
     voters: str  # controller.quorum.voters: "1@host:port,2@host:port,3@host:port"
-    cluster_id: str
+    id_file: Path  # the cluster id every node is formatted with, made by the first to need it
+
+    def cluster_id(self) -> str:
+        if not self.id_file.exists():
+            self.id_file.parent.mkdir(parents=True, exist_ok=True)
+            self.id_file.write_text(new_cluster_id())
+        return self.id_file.read_text().strip()
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -54,6 +60,15 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def read_pid(path: Path) -> int | None:
+    """The pid a pid file names, if that process is alive."""
+    try:
+        pid = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _pid_alive(pid) else None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -115,11 +130,7 @@ class LocalBroker:
         return self.data_dir / "logs" / "server.log"
 
     def _pid(self) -> int | None:
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
-        return pid if _pid_alive(pid) else None
+        return read_pid(self.pid_file)
 
     def status(self) -> BrokerStatus:
         pid = self._pid()
@@ -178,7 +189,7 @@ class LocalBroker:
     def _format_once(self, config: Path) -> None:
         if (self.data_dir / "data" / "meta.properties").exists():
             return
-        cluster_id = self.node.cluster_id if self.node is not None else new_cluster_id()
+        cluster_id = self.node.cluster_id() if self.node is not None else new_cluster_id()
         args = ["format", "-t", cluster_id, "-c", str(config)]
         if self.secure is not None:  # the broker's own user must exist before it starts
             args += ["--add-scram", self.secure.format_scram_argument()]

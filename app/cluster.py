@@ -31,9 +31,8 @@ from app.broker import (
     BrokerError,
     ClusterNode,
     LocalBroker,
-    _pid_alive,
-    new_cluster_id,
     port_is_free,
+    read_pid,
     stop_group,
 )
 from app.settings import Settings
@@ -100,7 +99,7 @@ class LocalCluster:
         """The folder every worker sees: a submitted job's warehouse and checkpoints."""
         return self.root / "shared"
 
-    def broker(self, node: int, cluster_id: str = "") -> LocalBroker:
+    def broker(self, node: int) -> LocalBroker:
         voters = ",".join(f"{n}@{HOST}:{self.ports.controller(n)}" for n in range(1, NODES + 1))
         return LocalBroker(
             data_dir=self.root / f"kafka-{node}",
@@ -109,16 +108,9 @@ class LocalCluster:
             port=self.ports.kafka(node),
             controller_port=self.ports.controller(node),
             heap="512m",
-            node=ClusterNode(node, voters, cluster_id or self._cluster_id()),
+            # The id all three nodes are formatted with: made once, kept under the root.
+            node=ClusterNode(node, voters, self.root / "kafka-cluster-id"),
         )
-
-    def _cluster_id(self) -> str:
-        """The id all three nodes are formatted with: made once, kept under the root."""
-        path = self.root / "kafka-cluster-id"
-        if not path.exists():
-            self.root.mkdir(parents=True, exist_ok=True)
-            path.write_text(new_cluster_id())
-        return path.read_text().strip()
 
     # -- Spark standalone ------------------------------------------------------------------------
     def _spark_class(self, name: str, *args: str) -> list[str]:
@@ -131,11 +123,7 @@ class LocalCluster:
         return self.root / "spark" / f"{name}.pid"
 
     def _spark_pid(self, name: str) -> int | None:
-        try:
-            pid = int(self._spark_pid_file(name).read_text().strip())
-        except (OSError, ValueError):
-            return None
-        return pid if _pid_alive(pid) else None
+        return read_pid(self._spark_pid_file(name))
 
     def _start_spark(self, name: str, command: list[str]) -> None:
         if self._spark_pid(name) is not None:
@@ -282,7 +270,7 @@ class LocalCluster:
     def describe(self) -> list[str]:
         lines = []
         for n in range(1, NODES + 1):
-            b = self.broker(n, cluster_id="-")
+            b = self.broker(n)
             st = b.status()
             lines.append(
                 f"kafka node {n}: "
@@ -299,8 +287,3 @@ class LocalCluster:
         )
         lines.append(f"shared storage (warehouse, checkpoints): {self.shared}")
         return lines
-
-    def running(self) -> bool:
-        return any(
-            self.broker(n, cluster_id="-").status().running for n in range(1, NODES + 1)
-        ) or (self._spark_pid("master") is not None)

@@ -91,8 +91,7 @@ def test_the_job_runs_unchanged_on_a_standalone_cluster_and_a_replicated_kafka(
         assert gen.returncode == 0, gen.stderr[-2000:]
         upsert_dim_ads(spark, str(shared / "warehouse"), read_dim_csv(tmp_path / "dim.csv"))
 
-        package = subprocess.run(["bash", str(REPO / "infra" / "package.sh")], cwd=REPO, check=True)
-        assert package.returncode == 0
+        subprocess.run(["bash", str(REPO / "infra" / "package.sh")], cwd=REPO, check=True)
         jars = subprocess.run(
             ["bash", str(REPO / "infra" / "spark-jars.sh")], capture_output=True, text=True
         ).stdout.strip()

@@ -61,7 +61,7 @@ def test_each_node_has_its_id_the_three_voters_and_replication_three(tmp_path: P
         assert single["transaction.state.log.min.isr"] == "2"
         assert single["log.dirs"] == str((tmp_path / "cluster" / f"kafka-{n}" / "data").resolve())
     # One cluster id for the three, made once and kept.
-    ids = {cluster.broker(n).node.cluster_id for n in (1, 2, 3)}  # type: ignore[union-attr]
+    ids = {cluster.broker(n).node.cluster_id() for n in (1, 2, 3)}  # type: ignore[union-attr]
     assert len(ids) == 1 and ids == {(tmp_path / "cluster" / "kafka-cluster-id").read_text()}
 
 
