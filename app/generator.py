@@ -131,11 +131,12 @@ def plan_traffic(cfg: GenConfig) -> Traffic:
     ad_ids = list(ads)
     users = [f"user-{i:05d}" for i in range(cfg.users)]
     scheduled: list[tuple[datetime, int, dict[str, Any]]] = []  # clicks, conversions
-    recent: deque[tuple[bytes, bytes]] = deque(maxlen=200)
+    recent: deque[tuple[tuple[bytes, bytes], datetime]] = deque(maxlen=200)  # and event times
     quarantine: dict[str, int] = defaultdict(int)
     counters = {"duplicates": 0, "seq": 0}
     accepted: list[Accepted] = []
     max_time = BASE_TIME  # the newest event time the job's watermark sees
+    watermark_delay = timedelta(seconds=cfg.watermark_delay_s)
     org_rng = random.Random(cfg.seed * 31 + 5)
     advertisers = sorted({row[2] for row in traffic.dim_rows})
 
@@ -148,8 +149,8 @@ def plan_traffic(cfg: GenConfig) -> Traffic:
         value = json.dumps(evt, separators=(",", ":")).encode()
         record = (evt["user_id"].encode(), value)
         traffic.main.append(record)
-        recent.append(record)
         t = datetime.strptime(evt["event_time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+        recent.append((record, t))
         max_time = max(max_time, t)
         ad = ads.get(evt.get("ad_id", ""))
         accepted.append(
@@ -233,10 +234,15 @@ def plan_traffic(cfg: GenConfig) -> Traffic:
             if reason == c.UNKNOWN_AD:
                 max_time = max(max_time, now)  # valid JSON: it moves the watermark
             continue
+        # A producer retry (the very same bytes) of a record no watermark can have passed yet,
+        # whatever the batch boundaries: in sparse traffic, 200 records span more than the
+        # watermark delay, and a retry of the oldest would be late in some runs, not in others.
         if r < cfg.malformed_ratio + cfg.duplicate_ratio and recent:
-            traffic.main.append(rng.choice(recent))  # a producer retry: the very same bytes
-            counters["duplicates"] += 1
-            continue
+            retryable = [rec for rec, t in recent if t > max_time - watermark_delay]
+            if retryable:
+                traffic.main.append(rng.choice(retryable))
+                counters["duplicates"] += 1
+                continue
         at = now - timedelta(milliseconds=rng.randint(0, JITTER_MS))
         user = rng.choice(users)
         impression = base_event("impression", at, user)
