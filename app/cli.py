@@ -391,6 +391,14 @@ def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_drill(args: argparse.Namespace, settings: Settings) -> int:
     from app import drills
 
+    if args.drill == "worker":
+        from app.cluster_drills import drill_worker
+
+        return drill_worker(settings, seed=args.seed, events=args.events)
+    if args.drill == "broker" and args.cluster:
+        from app.cluster_drills import drill_broker_cluster
+
+        return drill_broker_cluster(settings, seed=args.seed, events=args.events)
     if args.drill == "crash":
         points = (
             drills.JOB_POINTS
@@ -403,7 +411,12 @@ def cmd_drill(args: argparse.Namespace, settings: Settings) -> int:
                 f"unknown crash point(s) {', '.join(unknown)}; known: {drills.describe_points()}"
             )
         return drills.drill_crash(
-            settings, kills=args.kills, seed=args.seed, events=args.events, points=points
+            settings,
+            kills=args.kills,
+            seed=args.seed,
+            events=args.events,
+            points=points,
+            cluster=args.cluster,
         )
     if args.drill == "replay":
         return drills.drill_replay(settings, seed=args.seed, events=args.events, full=args.full)
@@ -619,7 +632,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     drill = sub.add_parser(
         "drill",
-        help="crash, replay and broker drills on the local stack; non-zero on any discrepancy",
+        help="crash, replay, broker and worker drills on the local stack or cluster; non-zero "
+        "on any discrepancy",
         description="Each drill works in its own folder and topics under <data_dir>/drills, "
         "generates traffic with a truth file, hurts the job, then verifies every table against "
         "the truth, audits the ledger and reconciles every table from bronze.",
@@ -634,7 +648,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="all",
         help="named crash points to hit first, comma-separated, 'all' (default) or ''",
     )
-    for d in (crash, drill_sub.add_parser("replay", help="replays after a complete run")):
+    worker_drill = drill_sub.add_parser(
+        "worker",
+        help="on the local cluster: SIGKILL a Spark worker and its executor mid-batch, "
+        "start a replacement, finish",
+    )
+    replay_drill = drill_sub.add_parser("replay", help="replays after a complete run")
+    for d in (crash, replay_drill, worker_drill):
         d.add_argument("--seed", type=int, default=7)
         d.add_argument("--events", type=int, default=3000)
         d.set_defaults(handler=cmd_drill)
@@ -646,7 +666,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     broker_drill.add_argument("--seed", type=int, default=7)
     broker_drill.add_argument("--events", type=int, default=3000)
-    broker_drill.add_argument("--down-seconds", type=float, default=15.0)
+    broker_drill.add_argument(
+        "--down-seconds",
+        type=float,
+        default=15.0,
+        help="how long the single broker stays down (not with --cluster: there the node stays "
+        "down until the job has committed two batches without it)",
+    )
+    for d in (crash, broker_drill):
+        d.add_argument(
+            "--cluster",
+            action="store_true",
+            help="submit the job to the local cluster (`adattr cluster up`; started if none "
+            "runs) with spark-submit; the broker drill kills the node leading most input "
+            "partitions and expects the job to carry on",
+        )
     broker_drill.set_defaults(handler=cmd_drill)
     bench_cmd = add(
         "bench",

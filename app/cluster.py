@@ -125,6 +125,9 @@ class LocalCluster:
     def _spark_pid(self, name: str) -> int | None:
         return read_pid(self._spark_pid_file(name))
 
+    def worker_pid(self, worker: int) -> int | None:
+        return self._spark_pid(f"worker-{worker}")
+
     def _start_spark(self, name: str, command: list[str]) -> None:
         if self._spark_pid(name) is not None:
             return
@@ -164,19 +167,26 @@ class LocalCluster:
 
     def master_state(self, timeout: float = 2.0) -> dict[str, Any] | None:
         """The master's own JSON view (its web UI's /json), None when it does not answer."""
-        url = f"http://{HOST}:{self.ports.master_ui}/json/"
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:
-                state: dict[str, Any] = json.loads(response.read())
-                return state
-        except (OSError, ValueError):
-            return None
+        return get_json(f"http://{HOST}:{self.ports.master_ui}/json/", timeout)
+
+    def worker_executors(self, worker: int) -> list[dict[str, Any]]:
+        """The executors worker 1 or 2 runs (``id``, ``appid``: from its web UI's /json)."""
+        state = get_json(f"http://{HOST}:{self.ports.worker_ui(worker)}/json/")
+        executors: list[dict[str, Any]] = (state or {}).get("executors", [])
+        return executors
 
     def alive_workers(self) -> int:
         state = self.master_state()
         if state is None:
             return 0
         return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
+
+    def app_cores(self, name: str) -> int | None:
+        """The cores the master has granted the running application ``name`` (None: none
+        runs)."""
+        state = self.master_state()
+        apps = [a for a in (state or {}).get("activeapps", []) if a.get("name") == name]
+        return sum(int(a.get("cores", 0)) for a in apps) if apps else None
 
     # -- the whole cluster -----------------------------------------------------------------------
     def up(self, timeout: float = 120.0) -> None:
@@ -287,3 +297,13 @@ class LocalCluster:
         )
         lines.append(f"shared storage (warehouse, checkpoints): {self.shared}")
         return lines
+
+
+def get_json(url: str, timeout: float = 2.0) -> Any:
+    """A web UI's JSON (Spark's master, workers, a driver's REST API); None when it does not
+    answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return json.loads(response.read())
+    except (OSError, ValueError):
+        return None

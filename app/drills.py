@@ -23,13 +23,16 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.broker import BrokerError, LocalBroker, wait_until_ready
+from app.cluster import NODES, WORKERS, LocalCluster
 from app.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
 
 # The job's crash points, in the order a batch reaches them.
 JOB_POINTS = (
@@ -75,7 +78,10 @@ class Report:
 
 
 class Stack:
-    """The drill's own settings, broker, traffic and job processes."""
+    """The drill's own settings, broker, traffic and job processes. With a ``cluster``, the job
+    is submitted to its Spark master with ``spark-submit`` (the code as ``infra/package.sh``'s
+    zip, as a user submits it) and talks to its three Kafka nodes; the drill's folder is under
+    the cluster's shared storage. The drill's own checks run in a local Spark."""
 
     def __init__(
         self,
@@ -86,9 +92,12 @@ class Stack:
         seed: int,
         batch: int,
         root: str = "drills",
+        cluster: LocalCluster | None = None,
     ) -> None:
         self.id = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        self.dir = (base.data_dir / root / self.id).resolve()
+        self.cluster = cluster
+        home = cluster.shared if cluster is not None else base.data_dir
+        self.dir = (home / root / self.id).resolve()
         self.dir.mkdir(parents=True)
         topic = f"adattr-drill-{self.id}"
         self.overrides = {
@@ -105,12 +114,22 @@ class Stack:
             "ADATTR_SHUFFLE_PARTITIONS": "2",
             **{f"ADATTR_{k.upper()}": v for k, v in SHAPE.items()},
         }
+        self.ui_port = 0
+        if cluster is not None:
+            from app.broker import free_port
+
+            # The job's UI: its REST API says which executor runs tasks (the worker drill).
+            self.ui_port = free_port()
+            self.overrides["ADATTR_BOOTSTRAP_SERVERS"] = cluster.bootstrap
         self.env = {**os.environ, **self.overrides}
         self.env.pop("ADATTR_CRASH_AT", None)
         self.settings = Settings.from_env(self.env)
         self.events, self.seed = events, seed
         self.broker: LocalBroker | None = None
         self.started_broker = False
+        self.started_cluster = False
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.package: Path | None = None
         self._spark: Any = None
         self.runs = 0
 
@@ -120,19 +139,43 @@ class Stack:
         from app.cli import local_broker
         from app.kafka_io import KafkaConnection, app_topics, ensure_topics
 
-        broker = local_broker(self.settings)
-        if broker.status().running or not port_is_free(broker.host, broker.port):
-            wait_until_ready(broker.bootstrap, 60)  # ours, or one someone else runs there
+        if self.cluster is not None:
+            self._cluster_up(self.cluster)
         else:
-            broker.start()
-            self.started_broker = True
-        self.broker = broker
+            broker = local_broker(self.settings)
+            if broker.status().running or not port_is_free(broker.host, broker.port):
+                wait_until_ready(broker.bootstrap, 60)  # ours, or one someone else runs there
+            else:
+                broker.start()
+                self.started_broker = True
+            self.broker = broker
         self.kafka = KafkaConnection.of(self.settings)
         ensure_topics(self.kafka, app_topics(self.settings))
 
+    def _cluster_up(self, cluster: LocalCluster) -> None:
+        """Uses the cluster that runs (starting whatever of it is missing), or starts one and
+        stops it at the end; and builds the package a submitted job ships to the workers."""
+        nodes = [cluster.broker(n).status().running for n in range(1, NODES + 1)]
+        self.started_cluster = not any(nodes) and cluster.alive_workers() == 0
+        if not all(nodes) or cluster.alive_workers() < WORKERS:
+            cluster.up()
+        subprocess.run(
+            ["bash", str(REPO / "infra" / "package.sh")],
+            cwd=REPO,
+            env={**os.environ, "PYTHON": sys.executable},
+            capture_output=True,
+            check=True,
+        )
+        self.package = REPO / ".adattr" / "dist" / "adattr.zip"
+
     def down(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:  # a drill that ended early leaves no job behind
+                kill_tree(proc)
         if self.started_broker and self.broker is not None:
             self.broker.stop()
+        if self.started_cluster and self.cluster is not None:
+            self.cluster.down()
 
     def spark(self) -> Any:
         if self._spark is None:
@@ -169,16 +212,58 @@ class Stack:
     def start_job(self, *args: str, crash_at: str = "") -> subprocess.Popen[bytes]:
         self.runs += 1
         env = {**self.env, **({"ADATTR_CRASH_AT": crash_at} if crash_at else {})}
+        if self.cluster is not None:
+            python = sys.executable
+            env |= {
+                "PYSPARK_PYTHON": python,
+                "PYSPARK_DRIVER_PYTHON": python,
+                "ADATTR_SPARK_UI": "true",
+            }
         log = (self.dir / f"run-{self.runs:03d}.log").open("wb")
         with log:
-            return subprocess.Popen(
-                [sys.executable, "-m", "app.cli", *args],
+            proc = subprocess.Popen(
+                self._command(args),
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: the driver and its JVM
             )
+        self.procs.append(proc)
+        return proc
+
+    def _command(self, args: tuple[str, ...]) -> list[str]:
+        if self.cluster is None:
+            return [sys.executable, "-m", "app.cli", *args]
+        from app.spark import spark_jars
+
+        assert self.package is not None, "the stack is up"
+        return [
+            str(Path(sys.executable).with_name("spark-submit")),
+            *("--master", self.cluster.master_url),
+            *("--driver-memory", self.settings.spark_driver_memory),
+            *("--conf", "spark.executor.memory=1g", "--conf", f"spark.ui.port={self.ui_port}"),
+            *("--jars", ",".join(spark_jars(self.settings.jars_dir))),
+            *("--py-files", str(self.package)),
+            str(REPO / "app" / "submit.py"),
+            *args,
+        ]
+
+    def stop_job(self, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
+        """Asks the job to stop after its current batch (SIGTERM to the Python driver: under
+        spark-submit, the child of the submitting JVM, which ends when the driver does)."""
+        drivers = [proc.pid]
+        if self.cluster is not None:
+            drivers = [c for c in _children(proc.pid) if "submit.py" in _cmdline(c)] or drivers
+        for pid in drivers:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        proc.wait(timeout)
+
+    def killed(self, rc: int) -> bool:
+        """The exit of a job that SIGKILLed itself: under spark-submit the submitting JVM
+        exits with its driver's status, 128 + the signal."""
+        return rc == (-signal.SIGKILL if self.cluster is None else 128 + signal.SIGKILL)
 
     def log_of(self, run: int) -> str:
         return (self.dir / f"run-{run:03d}.log").read_text(errors="replace")
@@ -204,17 +289,62 @@ class Stack:
     def progress(self) -> tuple[int, int]:
         """(batches planned, batches committed) in the current generation's checkpoint, read
         without creating anything (the job may not have made its first generation yet)."""
-        root = self.settings.checkpoints / "attribution"
-        marker = root / "generation.json"
-        if not marker.exists():
+        checkpoint = self._checkpoint()
+        if checkpoint is None:
             return 0, 0
-        checkpoint = root / f"gen-{json.loads(marker.read_text())['number']:04d}"
 
         def count(folder: str) -> int:
             path = checkpoint / folder
             return sum(1 for p in path.iterdir() if p.name.isdigit()) if path.exists() else 0
 
         return count("offsets"), count("commits")
+
+    def _checkpoint(self) -> Path | None:
+        root = self.settings.checkpoints / "attribution"
+        marker = root / "generation.json"
+        if not marker.exists():
+            return None
+        return root / f"gen-{json.loads(marker.read_text())['number']:04d}"
+
+    def caught_up(self) -> bool:
+        """Whether the job has committed a batch ending at every input partition's end and
+        has none in flight (Spark runs the batch that moves the watermark past the last
+        records before it idles; that one is planned, hence in flight, until it commits)."""
+        from app.replay import describe_topic
+        from pipelines.offset_log import source_offsets
+
+        planned, committed = self.progress()
+        checkpoint = self._checkpoint()
+        if checkpoint is None or committed == 0 or planned > committed:
+            return False
+        topic = self.settings.input_topic
+        ends = {str(p): info.high for p, info in describe_topic(self.kafka, topic).items()}
+        return source_offsets(checkpoint, committed - 1).get(topic) == ends
+
+    def finish_running(
+        self, proc: subprocess.Popen[bytes], tail: list[Any], report: Report
+    ) -> None:
+        """Lets the running job take the traffic produced so far, then the late tail, stops it
+        after its batch, and drains what remains (nothing, or a batch the watermark moved)
+        with ``run --available-now``: one job start instead of two drains' two."""
+        for what, late in (("the traffic", []), ("the late tail", tail)):
+            if late:
+                self.produce(late)
+            try:
+                wait_for(
+                    lambda: proc.poll() is not None or self.caught_up(),
+                    300,
+                    f"the running job to take {what}",
+                )
+            except TimeoutError as exc:
+                report.fail(str(exc))
+            if proc.poll() is not None:
+                report.fail(f"the job stopped ({proc.returncode}): {self.last_error()}")
+                break
+        else:
+            report.say(f"the running job took all traffic: {self.progress()[1]} batches")
+            self.stop_job(proc)
+        self.drain(report)
 
     # -- the checks ----------------------------------------------------------------------------
     def check(self, report: Report, *, truth: bool = True) -> None:
@@ -295,6 +425,13 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def _children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (from /proc)."""
     found = []
@@ -337,11 +474,19 @@ def chunks_of(records: list[Any], n: int) -> list[list[Any]]:
 
 
 def drill_crash(
-    base: Settings, *, kills: int, seed: int, events: int, points: tuple[str, ...]
+    base: Settings,
+    *,
+    kills: int,
+    seed: int,
+    events: int,
+    points: tuple[str, ...],
+    cluster: bool = False,
 ) -> int:
-    report = Report("crash")
+    report = Report("crash --cluster" if cluster else "crash")
     rng = random.Random(seed)
-    with stack(base, "crash", events=events, seed=seed, batch=max(200, events // 6)) as s:
+    on = LocalCluster.of(base) if cluster else None
+    batch = max(200, events // 6)
+    with stack(base, "crash", events=events, seed=seed, batch=batch, cluster=on) as s:
         traffic = s.plan()
         s.load_dim(traffic)
         chunks = chunks_of(traffic.main, len(points) + kills + 1)
@@ -354,7 +499,7 @@ def drill_crash(
             nth = rng.randint(1, 2)
             rc = s.run("run", "--available-now", crash_at=f"{point}:{nth}")
             log = s.log_of(s.runs)
-            if rc == -signal.SIGKILL and f"crash point {point}" in log:
+            if s.killed(rc) and f"crash point {point}" in log:
                 planned, committed = s.progress()
                 report.say(
                     f"crash point {point} (#{nth}): killed; checkpoint: {planned} batches "
@@ -496,8 +641,7 @@ def drill_broker(base: Settings, *, seed: int, events: int, down_seconds: float)
                 report.say(f"the job rode it out: {s.progress()[1]} batches committed, still up")
             except TimeoutError as exc:
                 report.fail(f"the job neither failed nor made progress: {exc}")
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(300)
+            s.stop_job(proc)
         else:
             report.say(f"the job stopped ({proc.returncode}): {s.last_error()}; restarting")
         s.drain(report)

@@ -126,3 +126,13 @@ def scrape(port: int) -> Samples:
         for family in text_string_to_metric_families(text)
         for s in family.samples
     }
+
+
+def drill_passed(done, name: str) -> str:  # type: ignore[no-untyped-def]
+    """The output of an ``adattr drill`` that passed with every check OK."""
+    assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-3000:]}"
+    assert f"drill {name}: PASSED" in done.stdout
+    assert "DISCREPANCY" not in done.stdout
+    for check in ("verify: OK", "audit: OK", "reconcile: OK"):
+        assert check in done.stdout, check
+    return str(done.stdout)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from app.broker import free_port
-from tests.builders import adattr_env, run_adattr
+from tests.builders import adattr_env, drill_passed, run_adattr
 
 pytestmark = pytest.mark.integration
 
@@ -29,15 +29,6 @@ def _env(tmp_path: Path, bootstrap: str, controller: int = 0) -> dict[str, str]:
     )
 
 
-def _passed(done, name: str) -> str:  # type: ignore[no-untyped-def]
-    assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-3000:]}"
-    assert f"drill {name}: PASSED" in done.stdout
-    assert "DISCREPANCY" not in done.stdout
-    for check in ("verify: OK", "audit: OK", "reconcile: OK"):
-        assert check in done.stdout, check
-    return str(done.stdout)
-
-
 def test_crash_drill(kafka_bootstrap: str, tmp_path: Path) -> None:
     points = "during_state_store_upload,between_delta_commits"
     done = run_adattr(
@@ -45,7 +36,7 @@ def test_crash_drill(kafka_bootstrap: str, tmp_path: Path) -> None:
         *("drill", "crash", "--kills", "1", "--seed", "5", "--events", "1000", "--points", points),
         timeout=1200,
     )
-    out = _passed(done, "crash")
+    out = drill_passed(done, "crash")
     assert out.count(": killed;") == 2
     assert out.count("SIGKILL to the process tree") == 1
 
@@ -53,7 +44,7 @@ def test_crash_drill(kafka_bootstrap: str, tmp_path: Path) -> None:
 def test_replay_drill(kafka_bootstrap: str, tmp_path: Path) -> None:
     env = _env(tmp_path, kafka_bootstrap)
     done = run_adattr(env, "drill", "replay", "--events", "1200", timeout=1200)
-    out = _passed(done, "replay")
+    out = drill_passed(done, "replay")
     assert "every table unchanged" in out
 
 
@@ -62,5 +53,5 @@ def test_broker_drill_owns_and_restarts_its_broker(tmp_path: Path) -> None:
     done = run_adattr(
         env, "drill", "broker", "--events", "1200", "--down-seconds", "5", timeout=1200
     )
-    out = _passed(done, "broker")
+    out = drill_passed(done, "broker")
     assert "broker restarted" in out

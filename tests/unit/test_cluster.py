@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 from app.cluster import ClusterError, LocalCluster, Ports
+from app.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _cluster(tmp_path: Path, base: int = 23400) -> LocalCluster:
@@ -75,3 +78,36 @@ def test_a_taken_port_is_named_before_anything_starts(tmp_path: Path) -> None:
             cluster.up(timeout=5)
     assert not (tmp_path / "cluster" / "kafka-1" / "kafka.pid").exists()
     assert not (tmp_path / "cluster" / "spark").exists()
+
+
+def test_a_cluster_drill_submits_the_job_as_a_user_does(tmp_path: Path) -> None:
+    from app.drills import Stack
+
+    settings = Settings.from_env({"ADATTR_DATA_DIR": str(tmp_path), "ADATTR_CLUSTER_PORT": "23400"})
+    cluster = LocalCluster.of(settings)
+    s = Stack(settings, "worker", events=100, seed=1, batch=50, cluster=cluster)
+    s.package = tmp_path / "adattr.zip"
+    command = s._command(("run", "--available-now"))
+    assert Path(command[0]).name == "spark-submit"
+    assert command[command.index("--master") + 1] == "spark://127.0.0.1:23406"
+    assert command[command.index("--py-files") + 1] == str(tmp_path / "adattr.zip")
+    assert "delta-spark" in command[command.index("--jars") + 1]
+    assert command[-3:] == [str(REPO / "app" / "submit.py"), "run", "--available-now"]
+    # Its folder is on the storage every worker sees; its job talks to the three nodes.
+    assert s.dir.is_relative_to(cluster.shared)
+    assert s.settings.bootstrap_servers == "127.0.0.1:23400,127.0.0.1:23401,127.0.0.1:23402"
+    # A crash point's SIGKILL reaches the drill as spark-submit's exit status, 128 + 9.
+    assert s.killed(137) and not s.killed(1) and not s.killed(-9)
+
+
+def test_the_cluster_drills_parse() -> None:
+    from app.cli import build_parser
+
+    parser = build_parser()
+    worker = parser.parse_args(["drill", "worker", "--events", "600", "--seed", "3"])
+    assert (worker.drill, worker.events, worker.seed) == ("worker", 600, 3)
+    assert parser.parse_args(["drill", "broker", "--cluster"]).cluster
+    assert not parser.parse_args(["drill", "broker"]).cluster
+    assert parser.parse_args(["drill", "crash", "--cluster", "--kills", "1"]).cluster
+    with pytest.raises(SystemExit):
+        parser.parse_args(["drill", "replay", "--cluster"])
