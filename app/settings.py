@@ -163,6 +163,13 @@ class Settings:
     session_gap: str = field(
         default="30 minutes", metadata={"doc": "inactivity gap that closes a user session"}
     )
+    checkpoint_lease: str = field(
+        default="30 seconds",
+        metadata={
+            "doc": "the job's lease on its checkpoint (one job per checkpoint across machines): "
+            "renewed every third of it; a holder that misses renewals stops writing"
+        },
+    )
     transactional_id: str = field(
         default="",
         metadata={
@@ -207,6 +214,10 @@ class Settings:
     @property
     def session_gap_seconds(self) -> int:
         return parse_duration_seconds(self.session_gap)
+
+    @property
+    def checkpoint_lease_seconds(self) -> int:
+        return parse_duration_seconds(self.checkpoint_lease)
 
     @property
     def publisher_transactional_id(self) -> str:
@@ -266,13 +277,22 @@ class Settings:
             fail("delivery", f"must be one of {', '.join(DELIVERIES)}")
         if self.state_store not in STATE_STORES:
             fail("state_store", f"must be one of {', '.join(STATE_STORES)}")
-        for name in ("watermark_delay", "trigger_interval", "attribution_lookback", "session_gap"):
+        durations = (
+            "watermark_delay",
+            "trigger_interval",
+            "attribution_lookback",
+            "session_gap",
+            "checkpoint_lease",
+        )
+        for name in durations:
             try:
                 seconds = parse_duration_seconds(getattr(self, name))
             except ValueError as exc:
                 fail(name, str(exc))
             if seconds < 1 and name in ("attribution_lookback", "session_gap"):
                 fail(name, "must be at least 1 second")
+            if seconds < 3 and name == "checkpoint_lease":
+                fail(name, "must be at least 3 seconds (it is renewed every third of it)")
         for name in ("input_partitions", "shuffle_partitions", "max_record_bytes"):
             if getattr(self, name) < 1:
                 fail(name, "must be at least 1")

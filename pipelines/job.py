@@ -34,6 +34,7 @@ from pyspark.sql.streaming import StreamingQuery
 from app.kafka_io import KafkaConnection, app_topics, ensure_topics
 from app.settings import Settings
 from pipelines.dimension import dim_snapshot
+from pipelines.lease import Lease, LeaseHeldError, LeaseLost
 from pipelines.metrics import JobMetrics
 from pipelines.publish import PlainPublisher, Publisher, TransactionalPublisher
 from pipelines.report import BatchReport
@@ -100,9 +101,11 @@ def new_generation(
 
 
 @contextmanager
-def exclusive(checkpoints: Path) -> Iterator[None]:
+def exclusive(checkpoints: Path, lease_seconds: float = 30) -> Iterator[Lease]:
     """One job (or replay) at a time on a checkpoint: two would race on every batch. The lock
-    is the kernel's, so a SIGKILLed holder releases it."""
+    is the kernel's, so a SIGKILLed holder releases it; it holds on one machine (and on a
+    shared file system that honours locks). The lease (``pipelines.lease``) holds across
+    machines on any shared storage: the job checks it before each batch writes."""
     root = checkpoints / "attribution"
     root.mkdir(parents=True, exist_ok=True)
     with (root / "run.lock").open("a+") as lock:
@@ -117,7 +120,15 @@ def exclusive(checkpoints: Path) -> Iterator[None]:
         lock.truncate(0)
         lock.write(str(os.getpid()))
         lock.flush()
-        yield
+        lease = Lease(root / "lease", lease_seconds)
+        try:
+            lease.acquire()
+        except LeaseHeldError as exc:
+            raise JobRunningError(f"the job is already running on {checkpoints}: {exc}") from None
+        try:
+            yield lease
+        finally:
+            lease.release()
 
 
 def has_ledger(spark: SparkSession, warehouse: str) -> bool:
@@ -173,7 +184,10 @@ def start(
     available_now: bool,
     observer: Callable[[BatchReport], None] | None = None,
     metrics: JobMetrics | None = None,
+    guard: Callable[[], None] | None = None,
 ) -> StreamingQuery:
+    """Starts the query; ``guard`` (the lease's check) runs before each batch writes anything
+    and again before its Kafka transaction, and raises to stop the job."""
     warehouse = settings.warehouse_uri
     dim_snapshot(spark, warehouse, int(time.time() * 1000))  # fail early if dim_ads is missing
     create_tables(spark, warehouse)
@@ -214,6 +228,7 @@ def start(
             crash_at=settings.crash_at,
             exactly_once=exactly_once,
             observer=notify if observers else None,
+            guard=guard,
         ),
     )
     writer = (
@@ -240,16 +255,35 @@ def run(
     """Runs the job until the topic is drained (available-now) or until SIGTERM/SIGINT, which
     stop it at a batch boundary. Raises JobFailedError if the query fails, JobRunningError if
     another job holds the checkpoint."""
-    with exclusive(settings.checkpoints):
+    with exclusive(settings.checkpoints, settings.checkpoint_lease_seconds) as lease:
         if before_start is not None:  # e.g. a replay's new generation, made under the lock
             before_start()
-        _run(spark, settings, available_now=available_now, metrics=metrics)
+        lost: list[LeaseLost] = []
+
+        def guard() -> None:
+            try:
+                lease.check()
+            except LeaseLost as exc:
+                lost.append(exc)
+                raise
+
+        try:
+            _run(spark, settings, available_now=available_now, metrics=metrics, guard=guard)
+        except Exception:
+            if lost:  # the query failed because the lease is lost: say that, not Spark's dump
+                raise JobFailedError(str(lost[0])) from None
+            raise
 
 
 def _run(
-    spark: SparkSession, settings: Settings, *, available_now: bool, metrics: JobMetrics | None
+    spark: SparkSession,
+    settings: Settings,
+    *,
+    available_now: bool,
+    metrics: JobMetrics | None,
+    guard: Callable[[], None],
 ) -> None:
-    query = start(spark, settings, available_now=available_now, metrics=metrics)
+    query = start(spark, settings, available_now=available_now, metrics=metrics, guard=guard)
     reported = -1
     stop_requested: list[int] = []
 

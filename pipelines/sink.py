@@ -74,6 +74,9 @@ class SinkContext:
     exactly_once: bool = True
     # Called after each batch (the benchmark, the job's metrics).
     observer: Callable[[BatchReport], None] | None = None
+    # Raises when this job must not write (its lease on the checkpoint is lost): called before
+    # a batch writes anything (its state store files included) and before its Kafka transaction.
+    guard: Callable[[], None] | None = None
 
 
 class AttributionSink:
@@ -98,6 +101,7 @@ class AttributionSink:
         self.gold_sessions = (spark.newSession(), spark.newSession())
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        self._guard()
         started_ms = int(time.time() * 1000)
         self.timer = StepTimer()
         self.tables.versions = {}
@@ -247,6 +251,7 @@ class AttributionSink:
         self.timer.mark("gold")
 
         crash_point(self.ctx.crash_at, "after_delta_before_kafka")
+        self._guard()
         # A gold MERGE without source rows commits nothing, so this execution's commits say
         # what there is to publish; except in a run's first batch, which may re-execute a batch
         # whose gold rows an earlier execution committed (and did not publish): then the
@@ -275,6 +280,10 @@ class AttributionSink:
         )
         self.timer.mark("ledger")
         crash_point(self.ctx.crash_at, "after_ledger_before_commit_log")
+
+    def _guard(self) -> None:
+        if self.ctx.guard is not None:
+            self.ctx.guard()
 
     def _publish(self, batch_id: int, *, wrote_gold: bool) -> str:
         """Publishes every gold row this batch changed (found by its stamp, so a re-execution
