@@ -68,10 +68,10 @@ def read_pid(path: Path) -> int | None:
         pid = int(path.read_text().strip())
     except (OSError, ValueError):
         return None
-    return pid if _pid_alive(pid) else None
+    return pid if pid_alive(pid) else None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -273,12 +273,12 @@ def stop_group(pid: int, timeout: float) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + timeout
-    while _pid_alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         _reap(pid)
         time.sleep(0.1)
-    if _pid_alive(pid):
+    if pid_alive(pid):
         os.killpg(pid, signal.SIGKILL)
-        while _pid_alive(pid):
+        while pid_alive(pid):
             _reap(pid)
             time.sleep(0.05)
 

@@ -13,9 +13,12 @@ import random
 import signal
 import subprocess
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-from app.broker import BrokerError, _pid_alive
+from app.broker import BrokerError, pid_alive
 from app.cluster import NODES, WORKERS, LocalCluster, get_json
 from app.drills import Report, Stack, _children, stack, wait_for
 from app.settings import Settings
@@ -32,17 +35,37 @@ def _running(proc: subprocess.Popen[bytes]) -> bool:
     return proc.poll() is None
 
 
-def drill_worker(base: Settings, *, seed: int, events: int) -> int:
-    report = Report("worker")
-    rng = random.Random(seed)
+@dataclass
+class OnCluster:
+    """A cluster drill under way: its stack, the cluster, the traffic not produced yet (the
+    main segment's second half and the late tail) and the running job."""
+
+    s: Stack
+    cluster: LocalCluster
+    rest: list[tuple[bytes, bytes]]
+    tail: list[tuple[bytes, bytes]]
+    proc: subprocess.Popen[bytes]
+
+
+@contextmanager
+def job_on_cluster(base: Settings, name: str, *, seed: int, events: int) -> Iterator[OnCluster]:
+    """The drill's stack on the cluster, its truth planned and dimension loaded, the first half
+    of the traffic produced and the job submitted (``adattr run``, continuous)."""
     cluster = LocalCluster.of(base)
     batch = max(200, events // 6)
-    with stack(base, "worker", events=events, seed=seed, batch=batch, cluster=cluster) as s:
+    with stack(base, name, events=events, seed=seed, batch=batch, cluster=cluster) as s:
         traffic = s.plan()
         s.load_dim(traffic)
         half = len(traffic.main) // 2
         s.produce(traffic.main[:half])
-        proc = s.start_job("run")
+        yield OnCluster(s, cluster, traffic.main[half:], traffic.tail, s.start_job("run"))
+
+
+def drill_worker(base: Settings, *, seed: int, events: int) -> int:
+    report = Report("worker")
+    rng = random.Random(seed)
+    with job_on_cluster(base, "worker", seed=seed, events=events) as run:
+        s, cluster, proc = run.s, run.cluster, run.proc
         wait_for(lambda: cluster.app_cores(APP_NAME) == WORKERS, 300, "the job's executors")
         report.say(f"the job runs on {cluster.master_url} with {WORKERS} one-core executors")
         # The moment: a batch after the first is in flight and one executor runs its tasks
@@ -64,7 +87,7 @@ def drill_worker(base: Settings, *, seed: int, events: int) -> int:
         children = _children(pid)
         planned, committed = s.progress()
         os.killpg(pid, signal.SIGKILL)  # the worker and its executor: one process group
-        wait_for(lambda: not any(map(_pid_alive, (pid, *children))), 30, "the worker to die")
+        wait_for(lambda: not any(map(pid_alive, (pid, *children))), 30, "the worker to die")
         report.say(
             f"worker-{worker} (pid {pid}) and executor {executor} (pids "
             f"{', '.join(map(str, children))}) SIGKILLed while running tasks of batch "
@@ -95,7 +118,7 @@ def drill_worker(base: Settings, *, seed: int, events: int) -> int:
             f"replacement worker-{worker} (pid {cluster.worker_pid(worker)}) registered; "
             f"the job has {WORKERS} cores again"
         )
-        s.produce(traffic.main[half:])
+        s.produce(run.rest)
         done = s.progress()[1]
         wait_for(
             lambda: not _running(proc) or s.progress()[1] > done, 300, "a batch on the new worker"
@@ -105,7 +128,7 @@ def drill_worker(base: Settings, *, seed: int, events: int) -> int:
             proc = s.start_job("run")
         else:
             report.say(f"the job carried on: {s.progress()[1]} batches committed, still up")
-        s.finish_running(proc, traffic.tail, report)
+        s.finish_running(proc, run.tail, report)
         s.check(report)
     return report.finish()
 
@@ -146,14 +169,8 @@ def _leaders(s: Stack) -> dict[int, int]:
 
 def drill_broker_cluster(base: Settings, *, seed: int, events: int) -> int:
     report = Report("broker --cluster")
-    cluster = LocalCluster.of(base)
-    batch = max(200, events // 6)
-    with stack(base, "broker", events=events, seed=seed, batch=batch, cluster=cluster) as s:
-        traffic = s.plan()
-        s.load_dim(traffic)
-        half = len(traffic.main) // 2
-        s.produce(traffic.main[:half])
-        proc = s.start_job("run")
+    with job_on_cluster(base, "broker", seed=seed, events=events) as run:
+        s, cluster, proc = run.s, run.cluster, run.proc
         wait_for(lambda: not _running(proc) or s.progress()[1] >= 2, 300, "2 batches")
         leaders = _leaders(s)
         node, led = Counter(leaders.values()).most_common(1)[0]
@@ -176,7 +193,7 @@ def drill_broker_cluster(base: Settings, *, seed: int, events: int) -> int:
             + ", ".join(f"p{p}→node {n}" for p, n in sorted(_leaders(s).items()))
             + f" ({NODES - 1} of {NODES} nodes up)"
         )
-        s.produce(traffic.main[half:])  # acks=all: two replicas are in sync
+        s.produce(run.rest)  # acks=all: two replicas are in sync
         wait_for(
             lambda: not _running(proc) or s.progress()[1] >= planned + 2,
             300,
@@ -197,6 +214,6 @@ def drill_broker_cluster(base: Settings, *, seed: int, events: int) -> int:
         report.say(f"kafka node {node} restarted")
         if not _running(proc):
             proc = s.start_job("run")
-        s.finish_running(proc, traffic.tail, report)
+        s.finish_running(proc, run.tail, report)
         s.check(report)
     return report.finish()

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.broker import pid_alive
+
 KEEP = 5  # lease files kept (the current one and a few before it, for the record)
 
 
@@ -50,16 +52,6 @@ class LeaseLost(RuntimeError):
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
@@ -139,7 +131,7 @@ class Lease:
         if held["expires_ms"] <= _now_ms():
             return False
         # Same host, holder gone (SIGKILLed, crashed): free now rather than at its expiry.
-        return not (held["host"] == self.host and not _alive(int(held["pid"])))
+        return not (held["host"] == self.host and not pid_alive(int(held["pid"])))
 
     def renew(self) -> None:
         """Extends this holder's lease file, if it is still the lease."""
