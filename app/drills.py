@@ -25,11 +25,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from app.broker import BrokerError, LocalBroker, wait_until_ready
 from app.cluster import NODES, WORKERS, LocalCluster
+from app.errors import UserInputError
 from app.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -318,15 +322,31 @@ class Stack:
         if checkpoint is None or committed == 0 or planned > committed:
             return False
         topic = self.settings.input_topic
-        ends = {str(p): info.high for p, info in describe_topic(self.kafka, topic).items()}
+        try:
+            ends = {str(p): info.high for p, info in describe_topic(self.kafka, topic).items()}
+        except (KafkaException, UserInputError):  # leaders moving (a node died or came back)
+            return False
         return source_offsets(checkpoint, committed - 1).get(topic) == ends
+
+    def at_final_watermark(self) -> bool:
+        """Whether the last committed batch ran with the truth's final watermark: every
+        window, attribution and session the traffic can close is closed."""
+        from pipelines.offset_log import read_batch_meta
+
+        truth = json.loads((self.dir / "truth.json").read_text())
+        final_ms = datetime.fromisoformat(truth["final_watermark"]).timestamp() * 1000
+        checkpoint, committed = self._checkpoint(), self.progress()[1]
+        if checkpoint is None or committed == 0:
+            return False
+        return read_batch_meta(checkpoint, committed - 1).watermark_ms >= final_ms
 
     def finish_running(
         self, proc: subprocess.Popen[bytes], tail: list[Any], report: Report
     ) -> None:
-        """Lets the running job take the traffic produced so far, then the late tail, stops it
-        after its batch, and drains what remains (nothing, or a batch the watermark moved)
-        with ``run --available-now``: one job start instead of two drains' two."""
+        """Lets the running job take the traffic produced so far, then the late tail, and stops
+        it after its batch; ``run --available-now`` drains what remains only when its last
+        batch had not reached the final watermark (the batch that moves it may not have been
+        planned yet): no job start, or one instead of two drains' two."""
         for what, late in (("the traffic", []), ("the late tail", tail)):
             if late:
                 self.produce(late)
@@ -342,8 +362,10 @@ class Stack:
                 report.fail(f"the job stopped ({proc.returncode}): {self.last_error()}")
                 break
         else:
-            report.say(f"the running job took all traffic: {self.progress()[1]} batches")
             self.stop_job(proc)
+            report.say(f"the running job took all traffic: {self.progress()[1]} batches")
+            if self.at_final_watermark():
+                return
         self.drain(report)
 
     # -- the checks ----------------------------------------------------------------------------
