@@ -23,6 +23,8 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any
 
+from app.processes import pid_alive
+
 if TYPE_CHECKING:
     from app.secure_kafka import SecureKafka
 
@@ -69,21 +71,6 @@ def read_pid(path: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return pid if pid_alive(pid) else None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still "exists"; treat it as dead.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from app.broker import BrokerError, pid_alive
+from app.broker import BrokerError
 from app.cluster import NODES, WORKERS, LocalCluster, get_json
-from app.drills import Report, Stack, _children, stack, wait_for
+from app.drills import Report, Stack, stack, wait_for
+from app.processes import children, pid_alive
 from app.settings import Settings
 
 APP_NAME = "adattr-attribution"
@@ -84,13 +85,13 @@ def drill_worker(base: Settings, *, seed: int, events: int) -> int:
         worker, executor = rng.choice(busy)
         pid = cluster.worker_pid(worker)
         assert pid is not None, "a worker that runs an executor"
-        children = _children(pid)
+        executor_pids = children(pid)
         planned, committed = s.progress()
         os.killpg(pid, signal.SIGKILL)  # the worker and its executor: one process group
-        wait_for(lambda: not any(map(pid_alive, (pid, *children))), 30, "the worker to die")
+        wait_for(lambda: not any(map(pid_alive, (pid, *executor_pids))), 30, "the worker to die")
         report.say(
             f"worker-{worker} (pid {pid}) and executor {executor} (pids "
-            f"{', '.join(map(str, children))}) SIGKILLed while running tasks of batch "
+            f"{', '.join(map(str, executor_pids))}) SIGKILLed while running tasks of batch "
             f"{planned - 1} ({committed} committed)"
         )
         wait_for(

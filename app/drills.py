@@ -34,6 +34,7 @@ from confluent_kafka import KafkaException
 from app.broker import BrokerError, LocalBroker, wait_until_ready
 from app.cluster import NODES, WORKERS, LocalCluster
 from app.errors import UserInputError
+from app.processes import children, cmdline
 from app.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -258,7 +259,7 @@ class Stack:
         spark-submit, the child of the submitting JVM, which ends when the driver does)."""
         drivers = [proc.pid]
         if self.cluster is not None:
-            drivers = [c for c in _children(proc.pid) if "submit.py" in _cmdline(c)] or drivers
+            drivers = [c for c in children(proc.pid) if "submit.py" in cmdline(c)] or drivers
         for pid in drivers:
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
@@ -436,7 +437,7 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
     groups = [proc.pid]
     try:
         os.killpg(proc.pid, signal.SIGSTOP)
-        groups += [child for child in _children(proc.pid) if os.getpgid(child) == child]
+        groups += [child for child in children(proc.pid) if os.getpgid(child) == child]
     except ProcessLookupError:
         pass
     for group in [*groups[1:], groups[0]]:
@@ -445,27 +446,6 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
         except ProcessLookupError:
             pass
     proc.wait()
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (from /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # pid (comm) state ppid ...: comm may hold spaces and parentheses.
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:  # the process ended meanwhile
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:

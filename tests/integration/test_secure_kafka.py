@@ -17,7 +17,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from app.broker import free_port
-from app.drills import _children
+from app.processes import children
 from app.secure_kafka import BUDGET, EVENTS, JOB, USERS
 from app.settings import Settings, read_password
 from pipelines import tables as t
@@ -88,7 +88,7 @@ def test_the_job_and_the_budget_service_run_over_sasl_ssl_and_no_password_shows(
     )
     cmdlines: dict[int, bytes] = {}
     while job.poll() is None:
-        for pid in [job.pid, *_children(job.pid)]:
+        for pid in [job.pid, *children(job.pid)]:
             try:
                 cmdlines[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
