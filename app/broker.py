@@ -99,6 +99,7 @@ class LocalBroker:
     port: int = 9092
     controller_port: int = 9093
     heap: str = "768m"
+    java_options: tuple[str, ...] = ()  # ADATTR_JVM_OPTIONS
     secure: SecureKafka | None = None  # `adattr up --secure`: SASL_SSL, SCRAM users, ACLs
     # One node of `adattr cluster` (app/cluster.py): its id, the quorum's voters and the
     # cluster id every node is formatted with; None: a single node on its own.
@@ -133,6 +134,7 @@ class LocalBroker:
             )
         return [
             "java",
+            *self.java_options,
             f"-Xmx{self.heap}",
             "-Xms256m",
             "-XX:+UseG1GC",

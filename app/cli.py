@@ -62,6 +62,7 @@ def _broker_at(settings: Settings, *, secure: bool) -> LocalBroker:
         host="127.0.0.1" if host == "localhost" else host,
         port=int(port),
         controller_port=settings.kafka_controller_port,
+        java_options=settings.java_options,
         secure=SecureKafka(data_dir) if secure else None,
     )
 

@@ -79,11 +79,15 @@ class LocalCluster:
     jars_dir: Path
     ports: Ports
     worker_memory: str = "3g"
+    java_options: tuple[str, ...] = ()  # ADATTR_JVM_OPTIONS: the Kafka nodes and Spark daemons
 
     @classmethod
     def of(cls, settings: Settings) -> LocalCluster:
         return cls(
-            settings.data_dir.resolve() / "cluster", settings.jars_dir, Ports(settings.cluster_port)
+            settings.data_dir.resolve() / "cluster",
+            settings.jars_dir,
+            Ports(settings.cluster_port),
+            java_options=settings.java_options,
         )
 
     @property
@@ -108,6 +112,7 @@ class LocalCluster:
             port=self.ports.kafka(node),
             controller_port=self.ports.controller(node),
             heap="512m",
+            java_options=self.java_options,
             # The id all three nodes are formatted with: made once, kept under the root.
             node=ClusterNode(node, voters, self.root / "kafka-cluster-id"),
         )
@@ -139,6 +144,7 @@ class LocalCluster:
             "SPARK_WORKER_DIR": str(logs / "work"),
             # The daemons' own heap; executors get the worker's --memory.
             "SPARK_DAEMON_MEMORY": "512m",
+            "SPARK_DAEMON_JAVA_OPTS": " ".join(self.java_options),
         }
         with (logs / f"{name}.log").open("ab") as out:
             proc = subprocess.Popen(

@@ -247,6 +247,7 @@ class Stack:
             str(Path(sys.executable).with_name("spark-submit")),
             *("--master", self.cluster.master_url),
             *("--driver-memory", self.settings.spark_driver_memory),
+            *submit_java_options(self.settings),
             *("--conf", "spark.executor.memory=1g", "--conf", f"spark.ui.port={self.ui_port}"),
             *("--jars", ",".join(spark_jars(self.settings.jars_dir))),
             *("--py-files", str(self.package)),
@@ -655,3 +656,13 @@ def drill_broker(base: Settings, *, seed: int, events: int, down_seconds: float)
 
 def describe_points() -> str:
     return ", ".join(JOB_POINTS)
+
+
+def submit_java_options(settings: Settings) -> list[str]:
+    """spark-submit's arguments that give the driver and the executors ADATTR_JVM_OPTIONS."""
+    if not settings.jvm_options:
+        return []
+    return [
+        *("--driver-java-options", settings.jvm_options),
+        *("--conf", f"spark.executor.extraJavaOptions={settings.jvm_options}"),
+    ]

@@ -131,6 +131,15 @@ class Settings:
             "(JDK CDS, infra/.jars/cds/): 5-7 s faster starts; off: a plain start"
         },
     )
+    jvm_options: str = field(
+        default="",
+        metadata={
+            "doc": "extra options for every JVM adattr starts (the Spark driver and executors, "
+            "Kafka nodes, the local cluster's daemons), space-separated; e.g. "
+            "-XX:TieredStopAtLevel=1 (C1 only: cheaper short runs, slower long ones; the tests "
+            "set it)"
+        },
+    )
     verbose: bool = field(
         default=False,
         metadata={
@@ -220,6 +229,11 @@ class Settings:
         return parse_duration_seconds(self.checkpoint_lease)
 
     @property
+    def java_options(self) -> tuple[str, ...]:
+        """``jvm_options`` as separate arguments."""
+        return tuple(self.jvm_options.split())
+
+    @property
     def publisher_transactional_id(self) -> str:
         return self.transactional_id or f"adattr-attribution-{self.input_topic}-{self.output_topic}"
 
@@ -296,6 +310,8 @@ class Settings:
         for name in ("input_partitions", "shuffle_partitions", "max_record_bytes"):
             if getattr(self, name) < 1:
                 fail(name, "must be at least 1")
+        if any(not o.startswith("-") for o in self.java_options):
+            fail("jvm_options", "expected JVM options, each starting with '-'")
         if self.max_offsets_per_trigger < 0:
             fail("max_offsets_per_trigger", "must be 0 (no cap) or more")
         if not 0 <= self.metrics_port <= 65535:

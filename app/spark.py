@@ -82,13 +82,13 @@ def archive_path(settings: Settings) -> Path | None:
 
 
 def java_options(settings: Settings) -> str | None:
-    """The driver's JVM options that start it from the archive, if there is one to use."""
-    if not settings.jvm_class_archive:
-        return None
-    path = archive_path(settings)
-    if path is None or not path.is_file():
-        return None
-    return f"-XX:SharedArchiveFile={path} {QUIET_CDS}"
+    """The driver's JVM options: ``ADATTR_JVM_OPTIONS``, and those that start it from the
+    archive, if there is one to use."""
+    options = [*settings.java_options]
+    path = archive_path(settings) if settings.jvm_class_archive else None
+    if path is not None and path.is_file():
+        options.append(f"-XX:SharedArchiveFile={path} {QUIET_CDS}")
+    return " ".join(options) or None
 
 
 def spark_conf(settings: Settings, *, submitted: bool = False) -> dict[str, str]:

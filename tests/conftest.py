@@ -19,7 +19,7 @@ import pytest
 from app.broker import LocalBroker, free_port
 from app.secure_kafka import MECHANISM, SecureKafka
 from app.settings import Settings
-from tests.builders import adattr_env, run_adattr
+from tests.builders import TEST_JVM_OPTIONS, adattr_env, run_adattr
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +34,7 @@ def base_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         shuffle_partitions=2,
         spark_driver_memory="2g",
         verbose=True,  # the in-process JVM's output stays in what pytest captures
+        jvm_options=TEST_JVM_OPTIONS,
     )
 
 
@@ -50,6 +51,7 @@ def kafka_bootstrap(
         jars_dir=base_settings.jars_dir,
         port=free_port(),
         controller_port=free_port(),
+        java_options=base_settings.java_options,
     )
     broker.start(timeout=120)
     try:

@@ -57,6 +57,7 @@ def test_a_warehouse_uri_is_kept_as_given_and_a_folder_made_absolute(tmp_path: P
         ({"ADATTR_SPARK_UI": "maybe"}, "ADATTR_SPARK_UI"),
         ({"ADATTR_INPUT_TOPIC": "bad topic"}, "ADATTR_INPUT_TOPIC"),
         ({"ADATTR_WAREHOUSE": ""}, "ADATTR_WAREHOUSE"),
+        ({"ADATTR_JVM_OPTIONS": "-Xmx1g TieredStopAtLevel=1"}, "ADATTR_JVM_OPTIONS"),
     ],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], named: str) -> None:
@@ -115,3 +116,29 @@ def test_missing_jars_say_how_to_fetch_them(tmp_path: Path) -> None:
     s = Settings.from_env({"ADATTR_JARS_DIR": str(tmp_path)})
     with pytest.raises(MissingJarsError, match=r"infra/setup\.sh"):
         spark_conf(s)
+
+
+def test_jvm_options_reach_every_jvm_adattr_starts(tmp_path: Path) -> None:
+    from app.broker import LocalBroker
+    from app.cluster import LocalCluster
+    from app.drills import submit_java_options
+
+    kafka = tmp_path / "kafka"
+    kafka.mkdir()
+    (kafka / "kafka_2.13-4.2.0.jar").write_bytes(b"")
+    for name in ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "delta-spark_4.2_2.13-4.4.0.jar"):
+        (tmp_path / "spark").mkdir(exist_ok=True)
+        (tmp_path / "spark" / name).write_bytes(b"")
+    s = Settings.from_env(
+        {"ADATTR_JARS_DIR": str(tmp_path), "ADATTR_JVM_OPTIONS": " -XX:TieredStopAtLevel=1  -Xss2m"}
+    )
+    assert s.java_options == ("-XX:TieredStopAtLevel=1", "-Xss2m")
+    assert spark_conf(s)["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1 -Xss2m"
+    node = LocalCluster.of(s).broker(1)
+    command = node._java("kafka.Kafka", "server.properties")
+    assert command[:3] == ["java", "-XX:TieredStopAtLevel=1", "-Xss2m"]
+    assert LocalBroker(tmp_path, tmp_path)._java("kafka.Kafka")[1].startswith("-Xmx")  # none
+    submit = submit_java_options(s)
+    assert submit[submit.index("--driver-java-options") + 1] == s.jvm_options
+    assert f"spark.executor.extraJavaOptions={s.jvm_options}" in submit
+    assert submit_java_options(Settings.from_env({})) == []
