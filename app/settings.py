@@ -136,8 +136,8 @@ class Settings:
         metadata={
             "doc": "extra options for every JVM adattr starts (the Spark driver and executors, "
             "Kafka nodes, the local cluster's daemons), space-separated; e.g. "
-            "-XX:TieredStopAtLevel=1 (C1 only: cheaper short runs, slower long ones; the tests "
-            "set it)"
+            "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m (C1 only: cheaper short "
+            "runs, slower long ones; the tests set it)"
         },
     )
     verbose: bool = field(
