@@ -20,5 +20,5 @@ else
   echo "setup: .venv up to date"
 fi
 bash infra/fetch-jars.sh .venv/bin/python
-# The driver JVM's class-data archive (made once per JDK and jar set; see app/jvm_archive.py).
-.venv/bin/python -m app.jvm_archive
+# The driver JVM's class-data archive (made once per JDK and jar set; see app/runtime/jvm_archive.py).
+.venv/bin/python -m app.runtime.jvm_archive

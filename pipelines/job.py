@@ -31,8 +31,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from app.kafka_io import KafkaConnection, app_topics, ensure_topics
-from app.settings import Settings
+from app.runtime.kafka_io import KafkaConnection, app_topics, ensure_topics
+from app.runtime.settings import Settings
 from pipelines.dimension import dim_snapshot
 from pipelines.lease import Lease, LeaseHeldError, LeaseLost
 from pipelines.metrics import JobMetrics

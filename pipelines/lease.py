@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.processes import pid_alive
+from app.runtime.processes import pid_alive
 
 KEEP = 5  # lease files kept (the current one and a few before it, for the record)
 

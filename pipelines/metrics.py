@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from app.metrics import new_registry
+from app.runtime.metrics import new_registry
 from pipelines.publish import Publisher, TransactionalPublisher
 from pipelines.report import BatchReport
 

@@ -34,8 +34,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from app.crash import crash_point
-from app.kafka_io import KafkaConnection, consumer_config, producer_config
+from app.runtime.crash import crash_point
+from app.runtime.kafka_io import KafkaConnection, consumer_config, producer_config
 
 log = logging.getLogger("adattr.publish")
 

@@ -33,7 +33,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from app.crash import crash_point, crash_when_file_appears
+from app.runtime.crash import crash_point, crash_when_file_appears
 from pipelines import tables as t
 from pipelines.delta_writes import Tables, run_concurrently
 from pipelines.dimension import DimSnapshots

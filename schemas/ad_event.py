@@ -34,7 +34,7 @@ INVALID_VALUE = "invalid_value"
 BAD_TIMESTAMP = "bad_timestamp"
 NEGATIVE_REVENUE = "negative_revenue"
 UNKNOWN_AD = "unknown_ad"
-# The in-pipeline data-quality gate (app/quality.py has the same rule as a GX expectation on
+# The in-pipeline data-quality gate (app/tools/quality.py has the same rule as a GX expectation on
 # silver): an event time this far ahead of the batch's own time is refused before it can move
 # the watermark (one such record would make every honest record after it late).
 FUTURE_TOLERANCE_S = 3600

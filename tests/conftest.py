@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from app.broker import LocalBroker, free_port
-from app.secure_kafka import MECHANISM, SecureKafka
-from app.settings import Settings
+from app.runtime.settings import Settings
+from app.stack.broker import LocalBroker, free_port
+from app.stack.secure_kafka import MECHANISM, SecureKafka
 from tests.builders import TEST_JVM_OPTIONS, adattr_env, run_adattr
 
 
@@ -64,7 +64,7 @@ def kafka_bootstrap(
 
 @pytest.fixture(scope="session")
 def spark(base_settings: Settings):  # type: ignore[no-untyped-def]
-    from app.spark import build_spark
+    from app.runtime.spark import build_spark
 
     session = build_spark(base_settings, app_name="adattr-tests")
     yield session

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
-from app.settings import Settings
-from app.spark import build_spark
+from app.runtime.settings import Settings
+from app.runtime.spark import build_spark
 from pipelines.job import read_events
 from pipelines.transforms import parse_events, with_kafka_coordinates
 

@@ -12,9 +12,9 @@ import time
 
 from pyspark.sql import functions as F
 
-from app.generator import GenConfig, plan_traffic
-from app.settings import Settings
-from app.spark import build_spark
+from app.runtime.settings import Settings
+from app.runtime.spark import build_spark
+from app.tools.generator import GenConfig, plan_traffic
 from pipelines.transforms import parse_events
 
 

@@ -1,0 +1,196 @@
+"""The one place a SparkSession is built.
+
+Locally (plain ``python``/``adattr``) the session gets Delta's extensions, the Kafka connector and
+Delta jars fetched by ``infra/fetch-jars.sh`` (explicit paths, so no network at run time), the
+chosen state store, UTC and a small number of shuffle partitions, and its JVM starts from the
+class-data archive set-up made (``app.runtime.jvm_archive``) when there is one. Under
+``spark-submit`` the master, the jars and the JVM options come from the command line and are left
+alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
+
+from app.runtime.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+STATE_STORE_PROVIDERS = {
+    "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+}
+
+
+class MissingJarsError(RuntimeError):
+    pass
+
+
+class SparkStartError(RuntimeError):
+    """The driver's JVM ended before it answered; the message holds the end of its output."""
+
+
+def under_spark_submit() -> bool:
+    # spark-submit's PythonRunner hands the driver a ready gateway through this variable.
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def spark_jars(jars_dir: Path) -> list[str]:
+    spark_dir = jars_dir / "spark"
+    jars = sorted(str(p) for p in spark_dir.glob("*.jar"))
+    names = " ".join(Path(j).name for j in jars)
+    if "spark-sql-kafka" not in names or "delta-spark" not in names:
+        raise MissingJarsError(
+            f"the Kafka connector and Delta jars are not in {spark_dir}; "
+            "run `bash infra/setup.sh` (or infra/fetch-jars.sh) first"
+        )
+    return jars
+
+
+# The JVM's own notes about the class archive (e.g. "unable to use shared archive" after a JDK
+# update): on any mismatch it starts without the archive, which costs time, never correctness.
+QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+def find_java() -> Path | None:
+    home = os.environ.get("JAVA_HOME")
+    found = Path(home) / "bin" / "java" if home else shutil.which("java")
+    return Path(found).resolve() if found and Path(found).exists() else None
+
+
+def archive_path(settings: Settings) -> Path | None:
+    """Where the driver's class-data archive (``app.runtime.jvm_archive``) for this JVM, pyspark and
+    jar set lives (None: no java found). The key in its name changes with any of them, so new
+    jars or another JDK find no archive instead of one made for something else."""
+    import pyspark
+
+    java = find_java()
+    if java is None:
+        return None
+    key = hashlib.sha256()
+    stat = java.stat()
+    key.update(f"{java}|{stat.st_size}|{stat.st_mtime_ns}|{pyspark.__version__}".encode())
+    for jar in sorted((settings.jars_dir / "spark").glob("*.jar")):
+        key.update(f"|{jar.name}:{jar.stat().st_size}".encode())
+    return settings.jars_dir / "cds" / f"driver-{key.hexdigest()[:16]}.jsa"
+
+
+def java_options(settings: Settings) -> str | None:
+    """The driver's JVM options: ``ADATTR_JVM_OPTIONS``, and those that start it from the
+    archive, if there is one to use."""
+    options = [*settings.java_options]
+    path = archive_path(settings) if settings.jvm_class_archive else None
+    if path is not None and path.is_file():
+        options.append(f"-XX:SharedArchiveFile={path} {QUIET_CDS}")
+    return " ".join(options) or None
+
+
+def spark_conf(settings: Settings, *, submitted: bool = False) -> dict[str, str]:
+    """The session configuration, as plain data (unit-tested without a JVM)."""
+    conf = {
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        "spark.sql.streaming.stateStore.providerClass": STATE_STORE_PROVIDERS[settings.state_store],
+        # Changelog checkpointing uploads only the changes of each batch instead of a RocksDB
+        # snapshot, which keeps the per-batch commit cheap on small, frequent micro-batches.
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        "spark.ui.enabled": str(settings.spark_ui).lower(),
+        "spark.ui.showConsoleProgress": "false",
+        # The job is driven from Python; keep Delta's txn settings and MERGE on the driver path.
+        "spark.databricks.delta.schema.autoMerge.enabled": "false",
+        # Small local tables: more files than rows is the wrong trade on one machine.
+        "spark.databricks.delta.optimizeWrite.enabled": "false",
+        "spark.sql.adaptive.enabled": "true",
+        # Delta rebuilds a table's snapshot state in this many partitions (default 50): on two
+        # cores that alone made every MERGE take 4-8 s; sized like the shuffle it takes ~1 s.
+        "spark.databricks.delta.snapshotPartitions": str(settings.shuffle_partitions),
+    }
+    if not settings.spark_codegen:
+        # Every micro-batch plans new queries whose literals (batch id, watermark, time bounds)
+        # are inlined in the generated Java, so no compiled class is ever reused: each batch
+        # generated, formatted and compiled them anew, in every task (profiled: a fifth of a
+        # 1,000-record batch's CPU in Janino and the code formatter's regexes). Interpreted
+        # evaluation of a few thousand rows costs less than that (README "Performance").
+        conf["spark.sql.codegen.wholeStage"] = "false"
+        conf["spark.sql.codegen.factoryMode"] = "NO_CODEGEN"
+    if not submitted:
+        conf["spark.master"] = settings.spark_master
+        conf["spark.driver.memory"] = settings.spark_driver_memory
+        conf["spark.jars"] = ",".join(spark_jars(settings.jars_dir))
+        java_opts = java_options(settings)
+        if java_opts:
+            conf["spark.driver.extraJavaOptions"] = java_opts
+    return conf
+
+
+def build_spark(settings: Settings, app_name: str = "adattr") -> SparkSession:
+    # Spark's Python workers must use this interpreter (the venv), not whatever is on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    conf = spark_conf(settings, submitted=under_spark_submit())
+    if not under_spark_submit():
+        _launch_jvm_in_own_session(
+            conf, log=None if settings.verbose else settings.data_dir / "logs" / "spark.log"
+        )
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def _launch_jvm_in_own_session(conf: dict[str, str], *, log: Path | None) -> None:
+    """Starts the driver's JVM as pyspark would (``spark-submit ... pyspark-shell`` with the
+    session's confs), but in a session of its own, so that a signal to the Python process's
+    group (systemd's stop, ``timeout``, ``kill -- -PGID``) reaches only Python, which stops the
+    query between batches (``pipelines.job``); in the same group the JVM exited at once and the
+    driver died with a py4j error mid-batch. The JVM still ends with Python: pyspark's gateway
+    exits when the pipe to its stdin closes. Its stderr (the JVM's and log4j's warnings) is
+    appended to ``log`` when one is given. No-op once a gateway exists."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.errors import PySparkRuntimeError
+    from pyspark.java_gateway import launch_gateway
+
+    with SparkContext._lock:
+        if SparkContext._gateway is not None:
+            return
+        out = None if log is None else _open_log(log)
+        try:
+            gateway = launch_gateway(
+                SparkConf(loadDefaults=False).setAll(list(conf.items())),
+                popen_kwargs={"start_new_session": True, **({"stderr": out} if out else {})},
+            )
+        except PySparkRuntimeError as exc:
+            where = f"; the end of its output ({log}):\n{_tail(log)}" if log else ""
+            raise SparkStartError(f"the Spark JVM did not start ({exc}){where}") from exc
+        finally:
+            if out is not None:
+                out.close()  # the JVM has its own copy
+        SparkContext._gateway = gateway
+        SparkContext._jvm = gateway.jvm
+
+
+def _open_log(path: Path) -> BinaryIO:
+    """The JVM's log, opened for appending, under a line that says which command this is."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = path.open("ab")
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    out.write(f"--- {started} pid {os.getpid()}: {' '.join(sys.argv)}\n".encode())
+    out.flush()
+    return out
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

@@ -1,0 +1,838 @@
+"""``adattr bench``: throughput, latency and the cost of exactly-once, side by side in one run.
+
+Workload (after the Yahoo Streaming Benchmark, on adattr's own contract): JSON ad events of
+~250 bytes, 100 campaigns x 10 ads, 2% duplicates, 0.1% late, preloaded into a topic of its
+own. Variants, each a fresh process (``python -m app.tools.bench worker``) reading that same topic
+into fresh tables, run alternately (B0s B0k B2 B3, then the reverse, ...) so drift hits all:
+
+- ``B0s`` the Spark Kafka source (read_committed) into Spark's ``noop`` sink: the read ceiling;
+- ``B0k`` a plain confluent-kafka consumer loop (read_committed) counting records;
+- ``B1`` the textbook peer: the job a data engineer writes from the Spark docs (``from_json``,
+  ``dropDuplicatesWithinWatermark``, a broadcast join with ``dim_ads``, a 1-minute count per ad
+  MERGEd into one Delta table per batch with Delta's txn ids): no quarantine, no late capture,
+  no attribution, no sessions, no ledger, no Kafka output;
+- ``B2`` the full pipeline, at-least-once: the same transforms and state, plain Delta appends
+  instead of keyed MERGEs, no Delta txn ids, a plain Kafka producer (``ADATTR_DELIVERY``);
+- ``B3`` the full exactly-once pipeline as shipped.
+
+Sustained rate excludes warm-up: micro-batches are capped (``maxOffsetsPerTrigger`` = 1/8 of
+the topic), the first data batch is dropped, and the rate is records / wall time of the rest
+(Spark's own per-batch ``triggerExecution``). Latency: the job runs with a 1 s trigger on an
+empty topic while a paced producer sends at ~50% of B3's median rate; a read_committed
+consumer notes when each batch's commit marker becomes visible; per record, latency = that
+moment - the record's Kafka timestamp (its send time), the first 10 s (a third of a short run)
+excluded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from pipelines.report import BatchReport
+
+VARIANTS = ("B0s", "B0k", "B1", "B2", "B3")
+LABELS = {
+    "B0s": "B0 Spark Kafka source, no-op sink",
+    "B0k": "B0 confluent-kafka consumer loop",
+    "B1": "B1 textbook job, one Delta table",
+    "B2": "B2 full pipeline, at-least-once",
+    "B3": "B3 full pipeline, exactly-once (shipped)",
+}
+
+
+# -- the worker: one measured run in its own process ----------------------------------------------
+
+
+def _peak_jvm(spark: Any) -> dict[str, float]:
+    """Peak resident memory of the driver JVM (the whole local-mode Spark) and its peak heap."""
+    jvm = spark._jvm
+    pid = int(jvm.java.lang.ProcessHandle.current().pid())
+    hwm_kb = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            hwm_kb = int(line.split()[1])
+    pools = jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans()
+    heap = sum(
+        p.getPeakUsage().getUsed() for p in pools if str(p.getType().toString()) == "Heap memory"
+    )
+    return {"peak_rss_mb": hwm_kb / 1024, "peak_heap_mb": heap / 2**20}
+
+
+def _sustained(
+    progress: list[dict[str, Any]], records: dict[int, int] | None = None
+) -> dict[str, Any]:
+    """Records / wall time over the data batches but the first. ``records`` (batch id -> records
+    read, from the sink) replaces Spark's ``numInputRows``, which counts the pipeline's two
+    branches over the one Kafka source twice."""
+
+    def read(p: dict[str, Any]) -> int:
+        return records.get(int(p["batchId"]), 0) if records is not None else int(p["numInputRows"])
+
+    batches = [
+        (read(p), int(p["durationMs"].get("triggerExecution", 0))) for p in progress if read(p) > 0
+    ]
+    measured = batches[1:] if len(batches) > 1 else batches  # the first is warm-up
+    rows = sum(n for n, _ in measured)
+    seconds = sum(ms for _, ms in measured) / 1000
+    return {
+        "batches": len(batches),
+        "records_measured": rows,
+        "seconds_measured": seconds,
+        "events_per_s": rows / seconds if seconds else 0.0,
+        "records_total": sum(n for n, _ in batches),
+    }
+
+
+def _consumer_loop(settings: Any) -> dict[str, Any]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from app.runtime.kafka_io import KafkaConnection, consumer_config
+    from app.tools.replay import describe_topic
+
+    kafka = KafkaConnection.of(settings)
+    parts = describe_topic(kafka, settings.input_topic)
+    consumer = Consumer(
+        consumer_config(
+            kafka,
+            "adattr-bench",
+            committed_only=True,
+            **{"enable.partition.eof": True, "fetch.max.bytes": 52_428_800},
+        )
+    )
+    consumer.assign(
+        [TopicPartition(settings.input_topic, p, info.low) for p, info in parts.items()]
+    )
+    seen, ended = 0, 0
+    # Timed from the first record on (connecting and the first fetch are the warm-up): the
+    # client prefetches, so a later start would time its local queue, not the broker.
+    warm = 1
+    started = time.monotonic()
+    t_warm, n_warm = started, 0
+    while ended < len(parts):
+        for msg in consumer.consume(10_000, timeout=5):
+            if msg.error() is not None:
+                ended += 1  # partition EOF
+                continue
+            seen += 1
+            if seen == warm:
+                t_warm, n_warm = time.monotonic(), seen
+    took = time.monotonic() - t_warm
+    consumer.close()
+    return {
+        "records_total": seen,
+        "records_measured": seen - n_warm,
+        "seconds_measured": took,
+        "events_per_s": (seen - n_warm) / took if took else 0.0,
+        "batches": 0,
+    }
+
+
+def worker(variant: str, out: Path, dim: Path | None) -> None:
+    """Runs one variant against the topic named by the ADATTR_* environment; writes JSON."""
+    from app.runtime.settings import Settings
+
+    settings = Settings.from_env(os.environ)
+    started = time.monotonic()
+    if variant == "B0k":
+        result = _consumer_loop(settings)
+        out.write_text(json.dumps({"variant": variant, **result}))
+        return
+    from app.runtime.spark import build_spark
+    from pipelines import job
+
+    spark = build_spark(settings, f"adattr-bench-{variant}")
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
+    steps: list[dict[str, float]] = []
+    read: dict[int, int] = {}
+
+    def observe(report: BatchReport) -> None:
+        steps.append(report.steps)
+        read[report.batch_id] = report.records
+
+    if dim is not None and variant in ("B1", "B2", "B3"):
+        from app.tools.dim_csv import read_dim_csv
+        from pipelines.dimension import upsert_dim_ads
+
+        upsert_dim_ads(spark, settings.warehouse_uri, read_dim_csv(dim))
+    if variant == "B1":
+        query = textbook_job(spark, settings)
+    elif variant == "B0s":
+        query = (
+            job.read_events(spark, settings)
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(settings.checkpoints / "b0"))
+            .trigger(availableNow=True)
+            .start()
+        )
+    else:
+        query = job.start(spark, settings, available_now=True, observer=observe)
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise SystemExit(f"{variant}: the query failed: {query.exception()}")
+    result = {
+        "variant": variant,
+        **_sustained([json.loads(p.json) for p in query.recentProgress], read or None),
+        "wall_s": time.monotonic() - started,
+        "steps": steps,
+        **_peak_jvm(spark),
+    }
+    out.write_text(json.dumps(result))
+
+
+def textbook_job(spark: Any, settings: Any) -> Any:
+    """B1: one keyed MERGE per batch into one table, as the Spark and Delta docs show it."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    from pipelines import job
+    from pipelines import tables as t
+    from pipelines.delta_writes import delta_txn
+
+    warehouse = settings.warehouse_uri
+    target = f"{warehouse}/b1_ad_counts_1m"
+    DeltaTable.createIfNotExists(spark).location(target).addColumns(
+        cast(
+            StructType,
+            StructType.fromDDL(
+                "window_start timestamp, ad_id string, campaign_id string, events long"
+            ),
+        )
+    ).execute()
+    dim = spark.read.format("delta").load(f"{warehouse}/{t.DIM_ADS}")
+    schema = "event_id string, event_type string, event_time string, ad_id string"
+    events = (
+        job.read_events(spark, settings)
+        .select(F.from_json(F.col("value").cast("string"), schema).alias("e"))
+        .select(
+            "e.event_id",
+            "e.ad_id",
+            F.to_timestamp("e.event_time", "yyyy-MM-dd'T'HH:mm:ss.SSSX").alias("event_time"),
+        )
+        .where(F.col("event_id").isNotNull() & F.col("event_time").isNotNull())
+        .withWatermark("event_time", settings.watermark_delay)
+        .dropDuplicatesWithinWatermark(["event_id"])
+        .join(F.broadcast(dim.select("ad_id", "campaign_id")), "ad_id")
+    )
+
+    def write(batch: Any, batch_id: int) -> None:
+        counts = batch.groupBy(
+            F.window("event_time", "1 minute").start.alias("window_start"), "ad_id", "campaign_id"
+        ).agg(F.count("*").alias("events"))
+        with delta_txn(spark, "adattr-bench-b1", batch_id):
+            (
+                DeltaTable.forPath(spark, target)
+                .alias("t")
+                .merge(counts.alias("s"), "t.window_start = s.window_start AND t.ad_id = s.ad_id")
+                .whenMatchedUpdate(set={"events": "t.events + s.events"})
+                .whenNotMatchedInsertAll()
+                .execute()
+            )
+
+    return (
+        events.writeStream.foreachBatch(write)
+        .option("checkpointLocation", str(settings.checkpoints / "b1"))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
+    """What a micro-batch costs apart from its data: the job with a 1 s trigger on an empty
+    topic; ``rounds`` times, ``size`` records are sent at once (their event times move the
+    watermark), Spark runs a batch for them and then, the watermark having moved, a batch with
+    no records (``noDataMicroBatches``). Each batch's time is Spark's own triggerExecution."""
+    from app.runtime.kafka_io import KafkaConnection, app_topics, ensure_topics
+    from app.runtime.settings import Settings
+    from app.runtime.spark import build_spark
+    from app.tools.generator import GenConfig, plan_traffic, produce
+    from pipelines import job
+    from pipelines.dimension import upsert_dim_ads
+
+    settings = Settings.from_env(os.environ)
+    kafka = KafkaConnection.of(settings)
+    ensure_topics(kafka, app_topics(settings))
+    traffic = plan_traffic(
+        GenConfig.for_settings(
+            settings,
+            events=size * (rounds + 1),
+            seed=13,
+            users=100_000,
+            ads=1000,
+            malformed_ratio=0,
+            duplicate_ratio=0,
+            late_ratio=0,
+            step_ms=200,
+        )
+    )
+    spark = build_spark(settings, "adattr-bench-fixed")
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
+    upsert_dim_ads(spark, settings.warehouse_uri, traffic.dim_rows)
+    read: dict[int, int] = {}
+    steps: dict[int, dict[str, float]] = {}
+
+    def observe(report: BatchReport) -> None:
+        read[report.batch_id] = report.records
+        steps[report.batch_id] = report.steps
+
+    query = job.start(spark, settings, available_now=False, observer=observe)
+    records = traffic.main[: size * (rounds + 1)]
+    warm: set[int] = set()
+    for i in range(rounds + 1):  # the first round warms the job up and is not counted
+        seen = len(read)
+        chunk = records[i * size : (i + 1) * size]
+        produce(chunk, kafka, settings.input_topic, progress=False)
+        deadline = time.monotonic() + 300
+        # until the batch of these records and the no-data batch after it have both run
+        while not (sum(read.values()) >= (i + 1) * size and len(read) >= seen + 2):
+            if query.exception() is not None:
+                raise SystemExit(f"the job failed: {query.exception()}")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"round {i}: the job did not run its batches within 300 s")
+            query.awaitTermination(1)
+        if i == 0:
+            warm = set(read)
+    # The observer runs inside a batch; Spark posts the batch's progress after it returns. Wait
+    # for every observed batch's progress (the last one's was missing once: one round uncounted).
+    progress = _progress_of(query, set(read), timeout=120)
+    data: list[float] = []
+    empty: list[float] = []
+    data_steps: list[dict[str, float]] = []
+    empty_steps: list[dict[str, float]] = []
+    for b, p in sorted(progress.items()):
+        if b not in warm:
+            seconds = int(p["durationMs"].get("triggerExecution", 0)) / 1000
+            (data if read[b] else empty).append(seconds)
+            (data_steps if read[b] else empty_steps).append(steps[b])
+    query.stop()
+    out.write_text(
+        json.dumps(
+            {
+                "size": size,
+                "rounds": rounds,
+                "data_batches_s": data,
+                "empty_batches_s": empty,
+                "data_median_s": statistics.median(data) if data else None,
+                "empty_median_s": statistics.median(empty) if empty else None,
+                # the sink's own phases, median per batch (the rest is Spark's, around it)
+                "data_split_s": _median_steps(data_steps),
+                "empty_split_s": _median_steps(empty_steps),
+            }
+        )
+    )
+
+
+def _progress_of(query: Any, batches: set[int], timeout: float) -> dict[int, dict[str, Any]]:
+    """The progress of each of ``batches``, once Spark has posted all of them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        posted = {int(p["batchId"]): p for p in (json.loads(p.json) for p in query.recentProgress)}
+        if batches <= set(posted):
+            return {b: posted[b] for b in batches}
+        if query.exception() is not None:
+            raise SystemExit(f"the job failed: {query.exception()}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no progress for batches {sorted(batches - set(posted))}")
+        query.awaitTermination(0.2)
+
+
+def _median_steps(steps: list[dict[str, float]]) -> dict[str, float]:
+    names = {k for s in steps for k in s}
+    return {k: round(statistics.median(s.get(k, 0.0) for s in steps), 3) for k in sorted(names)}
+
+
+def latency_worker(rate: float, seconds: float, out: Path) -> None:
+    """The job with a 1 s trigger on an empty topic, fed at ``rate`` records/s for
+    ``seconds``; per record, the time until its batch's marker is visible read_committed."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from app.runtime.kafka_io import KafkaConnection, app_topics, consumer_config, ensure_topics
+    from app.runtime.settings import Settings
+    from app.runtime.spark import build_spark
+    from app.tools.generator import GenConfig, plan_traffic, produce
+    from pipelines import job
+    from pipelines import tables as t
+    from pipelines.dimension import upsert_dim_ads
+    from pipelines.publish import Marker
+
+    settings = Settings.from_env(os.environ)
+    kafka = KafkaConnection.of(settings)
+    ensure_topics(kafka, app_topics(settings))
+    n = int(rate * seconds)
+    traffic = plan_traffic(
+        GenConfig.for_settings(
+            settings, events=n, seed=11, users=100_000, ads=1000, malformed_ratio=0, step_ms=2
+        )
+    )
+    spark = build_spark(settings, "adattr-bench-latency")
+    warehouse = settings.warehouse_uri
+    upsert_dim_ads(spark, warehouse, traffic.dim_rows)
+    visible: dict[int, float] = {}
+    stop = threading.Event()
+    gen = job.current_generation(settings.checkpoints)
+
+    def watch() -> None:
+        consumer = Consumer(consumer_config(kafka, "adattr-bench-lat", committed_only=True))
+        consumer.assign([TopicPartition(settings.control_topic, 0, 0)])
+        while not stop.is_set():
+            msg = consumer.poll(0.05)
+            if msg is None or msg.error() is not None:
+                continue
+            marker = Marker(**json.loads(msg.value() or b"{}"))
+            if marker.app_id == gen.app_id:
+                visible.setdefault(marker.batch_id, time.time())
+        consumer.close()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    query = job.start(spark, settings, available_now=False)
+    produce(
+        traffic.main,
+        kafka,
+        settings.input_topic,
+        rate=rate,
+        progress=False,
+    )
+    sent = len(traffic.main)
+    deadline = time.monotonic() + 120
+
+    def read() -> int:
+        ledger = spark.read.format("delta").load(f"{warehouse}/{t.LEDGER}")
+        total = ledger.selectExpr("coalesce(sum(counts['read']), 0) AS n").first()
+        return int(total.n) if total is not None else 0
+
+    while read() < sent and time.monotonic() < deadline:  # until every record is in a batch
+        query.awaitTermination(1)
+    query.stop()
+    stop.set()
+    watcher.join()
+    bronze = spark.read.format("delta").load(f"{warehouse}/{t.BRONZE}")
+    sent_at = {
+        (r.kafka_partition, r.kafka_offset): r.ts
+        for r in bronze.selectExpr(
+            "kafka_partition", "kafka_offset", "unix_millis(kafka_timestamp) / 1000 AS ts"
+        ).collect()
+    }
+    first = min(sent_at.values()) if sent_at else 0.0
+    warm = min(10.0, seconds / 3)
+    latencies = []
+    for row in spark.read.format("delta").load(f"{warehouse}/{t.LEDGER}").collect():
+        shown = visible.get(row.batch_id)
+        if shown is None:
+            continue
+        for o in row.offsets:
+            for off in range(o.from_offset, o.to_offset + 1):
+                ts = sent_at.get((o.kafka_partition, off))
+                if ts is not None and ts - first >= warm:  # warm-up excluded
+                    latencies.append(shown - float(ts))
+    latencies.sort()
+
+    def pct(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else 0.0
+
+    out.write_text(
+        json.dumps(
+            {
+                "rate": rate,
+                "seconds": seconds,
+                "records": len(latencies),
+                "p50": pct(0.50),
+                "p95": pct(0.95),
+                "p99": pct(0.99),
+                "max": latencies[-1] if latencies else 0.0,
+            }
+        )
+    )
+
+
+# -- the orchestrator ------------------------------------------------------------------------------
+
+
+def _run_worker(env: dict[str, str], out: Path, *args: str, log: Path) -> dict[str, Any]:
+    with log.open("wb") as f:
+        rc = subprocess.run(
+            [sys.executable, "-m", "app.tools.bench", *args, "--out", str(out)],
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        ).returncode
+    if rc != 0 or not out.exists():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise RuntimeError(f"bench worker {' '.join(args)} failed ({rc}); {log}:\n{tail}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def _split(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Seconds per batch (median over data batches) in each phase of the sink."""
+    rows = []
+    for s in steps[1:] or steps:
+        rows.append(
+            {
+                "read+state": s.get("read+state+classify", 0.0) + s.get("dim", 0.0),
+                "records (bronze..silver)": s.get("records", 0.0),
+                "gold + sessions": s.get("gold", 0.0),
+                "Kafka commit": s.get("kafka", 0.0),
+                "ledger": s.get("ledger", 0.0),
+            }
+        )
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]} if rows else {}
+
+
+def _run_env(s: Any, run: str, *, own_input: bool = False) -> dict[str, str]:
+    """The environment of one measured run: its own tables, checkpoints and output topics, and
+    (latency and fixed cost: they produce as they go) its own input topic, uncapped."""
+    topic = s.settings.input_topic
+    env = {**os.environ, **s.overrides}
+    env["ADATTR_WAREHOUSE"] = str(s.dir / run / "warehouse")
+    env["ADATTR_CHECKPOINTS"] = str(s.dir / run / "checkpoints")
+    env["ADATTR_OUTPUT_TOPIC"] = f"{topic}-{run}-out"
+    env["ADATTR_CONTROL_TOPIC"] = f"{topic}-{run}-control"
+    if own_input:
+        env["ADATTR_INPUT_TOPIC"] = f"{topic}-{run}"
+        env["ADATTR_MAX_OFFSETS_PER_TRIGGER"] = "0"
+    return env
+
+
+def bench(
+    base: Any,
+    *,
+    quick: bool,
+    events: int | None,
+    repeats: int | None,
+    only_fixed: bool = False,
+    publish_rows: int = 0,
+) -> int:
+    from app.tools.drills import Stack
+
+    n = events or (4_000 if quick else 200_000)
+    reps = repeats or (1 if quick else 3)
+    batch = max(1000, n // (2 if quick else 8))
+    rounds = 2 if quick else 6
+    s = Stack(base, "bench", events=n, seed=3, batch=batch, root="bench")
+    s.up()
+    try:
+        s.overrides["ADATTR_TRIGGER_INTERVAL"] = "1 second"
+        for key in ("WATERMARK_DELAY", "ATTRIBUTION_LOOKBACK", "SESSION_GAP", "SHUFFLE_PARTITIONS"):
+            s.overrides.pop(f"ADATTR_{key}", None)  # the shipped defaults
+        if publish_rows:
+            print(f"bench: publishing only; results under {s.dir}", flush=True)
+            cost = _publish_cost(s, publish_rows)
+            (s.dir / "result.json").write_text(json.dumps({"publish": cost}, indent=1))
+            print(
+                f"publish, {cost['rows']:,} changed gold rows in one transaction: rows to the "
+                f"driver {cost['pull_s']:.1f}s alone (first time {cost['pull_cold_s']:.1f}s); "
+                "pulled again, sent and committed "
+                f"{cost['publish_s']:.1f}s ({cost['rows'] / cost['publish_s']:,.0f} rows/s, "
+                f"{cost['mb']:.0f} MB of values)"
+            )
+            print(f"bench: wrote {s.dir / 'result.json'}")
+            return 0
+        if only_fixed:
+            print(f"bench: fixed cost only; results under {s.dir}", flush=True)
+            fixed = _fixed_cost(s, rounds)
+            (s.dir / "result.json").write_text(json.dumps({"fixed_cost": fixed}, indent=1))
+            print_fixed(fixed)
+            print(f"bench: wrote {s.dir / 'result.json'}")
+            return 0
+        print(f"bench: {n:,} events, {reps} repeat(s); results under {s.dir}", flush=True)
+        results = _throughput(s, n, reps, batch)
+        b3 = statistics.median(r["events_per_s"] for r in results["B3"])
+        rate = round(b3 * 0.5)
+        seconds = 15.0 if quick else 90.0
+        print(
+            f"bench: latency at {rate:,} events/s (50% of B3) for {seconds:.0f}s, 1 s trigger ..."
+        )
+        env = _run_env(s, "latency", own_input=True)
+        latency = _run_worker(
+            env,
+            s.dir / "latency.json",
+            "latency",
+            "--rate",
+            str(rate),
+            "--seconds",
+            str(seconds),
+            log=s.dir / "latency.log",
+        )
+        fixed = _fixed_cost(s, rounds)
+    finally:
+        s.down()
+    summary = summarise(results, latency, fixed, n=n, reps=reps, quick=quick)
+    (s.dir / "result.json").write_text(json.dumps({"summary": summary, "runs": results}, indent=1))
+    print_table(summary)
+    chart(summary, s.dir / "bench.png")
+    print(f"bench: wrote {s.dir / 'result.json'} and {s.dir / 'bench.png'}")
+    return 0
+
+
+def _publish_cost(s: Any, rows: int) -> dict[str, Any]:
+    """The job's publishing path alone (``changed_records`` to the driver, then one Kafka
+    transaction, as the sink does), for a batch that changed ``rows`` rows of the 1-minute gold
+    table: the driver pulls every changed row and one producer sends it."""
+    from pyspark.sql import functions as F
+
+    from app.runtime.kafka_io import KafkaConnection
+    from app.runtime.spark import build_spark
+    from pipelines import tables as t
+    from pipelines.delta_writes import Tables
+    from pipelines.publish import TransactionalPublisher
+    from pipelines.published_rows import changed_records
+
+    spark = build_spark(s.settings, "adattr-bench-publish")
+    warehouse = s.settings.warehouse_uri
+    t.create_tables(spark, warehouse)
+    generation, batch, app_id = 1, 7, f"adattr-bench-publish-{s.id}"
+    minute = F.col("id") % 1440  # one row per (minute of a day, ad): a key per row
+    spark.range(rows).select(
+        F.timestamp_seconds(F.lit(1_795_564_800) + minute * 60).alias("window_start"),
+        F.timestamp_seconds(F.lit(1_795_564_860) + minute * 60).alias("window_end"),
+        F.concat(F.lit("ad-"), (F.col("id") / 1440).cast("long")).alias("ad_id"),
+        F.concat(F.lit("cmp-"), F.col("id") % 50).alias("campaign_id"),
+        F.concat(F.lit("adv-"), F.col("id") % 10).alias("advertiser_id"),
+        (F.col("id") % 997).alias("impressions"),
+        (F.col("id") % 31).alias("clicks"),
+        (F.col("id") / 7).cast("decimal(24,9)").alias("spend"),
+        (F.col("id") % 3).alias("conversions"),
+        (F.col("id") / 3).cast("decimal(24,6)").alias("revenue"),
+        F.lit(False).alias("is_final"),
+        F.lit(generation).alias("generation"),
+        F.lit(batch).cast("long").alias("batch_id"),
+    ).write.format("delta").mode("append").save(f"{warehouse}/{t.GOLD_1M}")
+    tables = Tables(spark, warehouse, app_id, generation)
+    pull_s = []
+    for _ in range(2):  # the first pays the JVM's warm-up, the second is what a batch pays
+        started = time.monotonic()
+        pulled = sum(len(r.v) for r in changed_records(tables, batch).toLocalIterator())
+        pull_s.append(time.monotonic() - started)
+    publisher = TransactionalPublisher(
+        KafkaConnection.of(s.settings),
+        output_topic=s.settings.output_topic,
+        control_topic=s.settings.control_topic,
+        transactional_id=app_id,
+        app_id=app_id,
+        generation=generation,
+    )
+
+    def records() -> Any:
+        for row in changed_records(tables, batch).toLocalIterator():
+            yield row.k.encode(), row.v.encode()
+
+    started = time.monotonic()
+    outcome = publisher.publish(batch, records)
+    publish_s = time.monotonic() - started
+    publisher.close()
+    spark.stop()
+    if outcome != f"committed:{rows}":
+        raise SystemExit(f"publish: expected committed:{rows}, got {outcome}")
+    return {
+        "rows": rows,
+        "pull_cold_s": pull_s[0],
+        "pull_s": pull_s[1],
+        "publish_s": publish_s,
+        "mb": pulled / 1e6,
+    }
+
+
+def _throughput(s: Any, n: int, reps: int, batch: int) -> dict[str, list[dict[str, Any]]]:
+    """Every variant over the same preloaded topic, ``reps`` times, alternating the order."""
+    from app.tools.dim_csv import write_dim_csv
+    from app.tools.drills import chunks_of
+    from app.tools.generator import GenConfig, plan_traffic
+
+    cfg = GenConfig(events=n, seed=3, users=100_000, ads=1000, malformed_ratio=0, step_ms=2)
+    traffic = plan_traffic(cfg)
+    records = traffic.main + traffic.tail  # the late ones last, behind the watermark
+    sizes = [len(v) for _, v in records[:1000]]
+    print(
+        f"bench: preloading {len(records):,} records ({len(traffic.tail)} late; mean value "
+        f"{statistics.mean(sizes):.0f} B), {batch:,} per micro-batch",
+        flush=True,
+    )
+    for part in chunks_of(records, 10):
+        s.produce(part)
+    dim_csv = s.dir / "dim.csv"
+    write_dim_csv(dim_csv, traffic.dim_rows)
+    results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+    order = list(VARIANTS)
+    for rep in range(reps):
+        for variant in order:
+            run = f"{variant}-{rep + 1}"
+            env = _run_env(s, run)
+            env["ADATTR_DELIVERY"] = "at-least-once" if variant == "B2" else "exactly-once"
+            print(f"bench: run {rep + 1}/{reps} {LABELS[variant]} ...", end="", flush=True)
+            r = _run_worker(
+                env,
+                s.dir / f"{run}.json",
+                "worker",
+                variant,
+                "--dim",
+                str(dim_csv),
+                log=s.dir / f"{run}.log",
+            )
+            results[variant].append(r)
+            print(f" {r['events_per_s']:,.0f} events/s ({r['records_total']:,} records)")
+        order.reverse()
+    return results
+
+
+def _fixed_cost(s: Any, rounds: int) -> dict[str, Any]:
+    print(f"bench: fixed cost, {rounds} rounds of 1,000 records then a batch of none ...")
+    return _run_worker(
+        _run_env(s, "fixed", own_input=True),
+        s.dir / "fixed.json",
+        "fixed",
+        "--rounds",
+        str(rounds),
+        "--size",
+        "1000",
+        log=s.dir / "fixed.log",
+    )
+
+
+def summarise(
+    results: dict[str, list[dict[str, Any]]],
+    latency: dict[str, Any],
+    fixed: dict[str, Any],
+    **meta: Any,
+) -> dict[str, Any]:
+    rates = {v: [r["events_per_s"] for r in rs] for v, rs in results.items()}
+    med = {v: statistics.median(x) for v, x in rates.items()}
+    return {
+        **meta,
+        "rates": {
+            v: {"median": med[v], "min": min(x), "max": max(x), "runs": x} for v, x in rates.items()
+        },
+        "ratios": {
+            "B3/B1": med["B3"] / med["B1"] if med["B1"] else None,
+            "B3/B2": med["B3"] / med["B2"] if med["B2"] else None,
+            "B3/B0s": med["B3"] / med["B0s"] if med["B0s"] else None,
+        },
+        "latency": latency,
+        "fixed_cost": fixed,
+        "peak_rss_mb": {
+            v: max(r.get("peak_rss_mb", 0) for r in rs) for v, rs in results.items() if v != "B0k"
+        },
+        "split": {v: _split([s for r in results[v] for s in r["steps"]]) for v in ("B2", "B3")},
+    }
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    print(f"\n{'variant':<44} {'events/s (median)':>18} {'range':>22} {'peak RSS':>10}")
+    for v in VARIANTS:
+        r = summary["rates"][v]
+        rss = summary["peak_rss_mb"].get(v)
+        print(
+            f"{LABELS[v]:<44} {r['median']:>18,.0f} "
+            f"{r['min']:>10,.0f} - {r['max']:>9,.0f} {f'{rss:,.0f} MB' if rss else '-':>10}"
+        )
+    ratios = summary["ratios"]
+    print(
+        f"B3/B1 (textbook peer): {ratios['B3/B1']:.2f}   "
+        f"B3/B2 (cost of exactly-once): {ratios['B3/B2']:.2f}   "
+        f"B3/B0 (Spark read): {ratios['B3/B0s']:.2f}"
+    )
+    lat = summary["latency"]
+    print(
+        f"latency at {lat['rate']:,.0f} events/s, 1 s trigger, {lat['records']:,} records: "
+        f"p50 {lat['p50']:.2f}s  p95 {lat['p95']:.2f}s  p99 {lat['p99']:.2f}s"
+    )
+    print_fixed(summary["fixed_cost"])
+    for v, split in summary["split"].items():
+        parts = "  ".join(f"{k} {x:.2f}s" for k, x in split.items())
+        print(f"{v} per batch (median): {parts}")
+
+
+def print_fixed(fixed: dict[str, Any]) -> None:
+    def spread(xs: list[float]) -> str:
+        return f"median {statistics.median(xs):.2f}s, {min(xs):.2f}-{max(xs):.2f}s" if xs else "-"
+
+    print(
+        f"fixed cost, batch of {fixed['size']:,} records: {spread(fixed['data_batches_s'])}; "
+        f"batch of none (watermark moved): {spread(fixed['empty_batches_s'])}"
+    )
+    for kind in ("data", "empty"):
+        split = fixed.get(f"{kind}_split_s") or {}
+        parts = "  ".join(f"{k} {x:.2f}s" for k, x in split.items())
+        print(f"  {kind} batch, sink phases (median): {parts}")
+
+
+def chart(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    meds = [summary["rates"][v]["median"] for v in VARIANTS]
+    lows = [m - summary["rates"][v]["min"] for v, m in zip(VARIANTS, meds, strict=True)]
+    highs = [summary["rates"][v]["max"] - m for v, m in zip(VARIANTS, meds, strict=True)]
+    left.bar(
+        VARIANTS,
+        meds,
+        yerr=[lows, highs],
+        capsize=4,
+        color=["#999", "#bbb", "#c93", "#6a9", "#36c"],
+    )
+    left.set_yscale("log")  # a consumer loop and a full pipeline differ by orders of magnitude
+    left.set_ylabel("events/s (median, range; log scale)")
+    left.set_title(f"throughput, {summary['n']:,} events, {summary['reps']} repeat(s)")
+    for i, m in enumerate(meds):
+        left.text(i, m, f"{m:,.0f}", ha="center", va="bottom", fontsize=8)
+    split = summary["split"]
+    names = list(next(iter(split.values())).keys()) if split else []
+    bottom = [0.0] * len(split)
+    for name in names:
+        vals = [split[v][name] for v in split]
+        right.bar(list(split), vals, bottom=bottom, label=name)
+        bottom = [b + x for b, x in zip(bottom, vals, strict=True)]
+    right.set_ylabel("seconds per micro-batch (median)")
+    lat = summary["latency"]
+    right.set_title(f"batch time split; latency p50 {lat['p50']:.1f}s p99 {lat['p99']:.1f}s")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m app.tools.bench")
+    # The job's own per-batch lines (phases and tables) land in the run's log file.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for noisy in ("py4j", "pyspark"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    sub = parser.add_subparsers(dest="what", required=True)
+    w = sub.add_parser("worker")
+    w.add_argument("variant", choices=VARIANTS)
+    w.add_argument("--out", required=True)
+    w.add_argument("--dim", help="dim_ads CSV to load first (B2, B3)")
+    fix = sub.add_parser("fixed")
+    fix.add_argument("--rounds", type=int, required=True)
+    fix.add_argument("--size", type=int, required=True)
+    fix.add_argument("--out", required=True)
+    lat = sub.add_parser("latency")
+    lat.add_argument("--rate", type=float, required=True)
+    lat.add_argument("--seconds", type=float, required=True)
+    lat.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    if args.what == "worker":
+        worker(args.variant, Path(args.out), Path(args.dim) if args.dim else None)
+    elif args.what == "fixed":
+        fixed_cost_worker(args.rounds, args.size, Path(args.out))
+    else:
+        latency_worker(args.rate, args.seconds, Path(args.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+"""The attribution job end to end on the real broker and real Delta tables."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections import Counter
+from dataclasses import replace
+from itertools import pairwise
+
+import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from app.runtime.kafka_io import KafkaConnection, app_topics, ensure_topics
+from app.runtime.settings import Settings
+from app.stack.secure_kafka import EVENTS, JOB
+from app.tools.audit import audit
+from app.tools.generator import GenConfig, plan_traffic, produce
+from app.tools.quality import run_quality
+from app.tools.reconcile import reconcile
+from app.tools.verify import diff, observed
+from pipelines import job
+from pipelines import tables as t
+from pipelines.dimension import upsert_dim_ads
+from schemas import ad_event as c
+from tests.builders import run_adattr, settings_env
+from tests.conftest import SecureBroker, isolated_settings
+
+pytestmark = pytest.mark.integration
+GOLD = (t.ATTRIBUTIONS, t.CTR_1H, t.SESSIONS)
+
+
+def _warehouse(settings: Settings) -> str:
+    return settings.warehouse_uri
+
+
+def _fingerprint(spark: SparkSession, settings: Settings) -> dict[str, tuple[int, str]]:
+    """Row count and an order-independent hash of every table's content."""
+    out = {}
+    for name in (t.BRONZE, t.QUARANTINE, t.LATE, t.SILVER, t.GOLD_1M, t.LEDGER, *GOLD):
+        df = spark.read.format("delta").load(f"{_warehouse(settings)}/{name}")
+        if name == t.LEDGER:
+            df = df.drop("started_at", "finished_at")
+        rows = sorted(
+            json.dumps(r.asDict(recursive=True), default=str, sort_keys=True) for r in df.collect()
+        )
+        out[name] = (len(rows), hashlib.sha256("\n".join(rows).encode()).hexdigest())
+    return out
+
+
+@pytest.fixture(scope="module")
+def settings(base_settings: Settings, secure_broker: SecureBroker, tmp_path_factory) -> Settings:  # type: ignore[no-untyped-def]
+    """One job for the whole module: the tests below run in order on its tables. Short windows
+    so that a few thousand records exercise everything: a 2-minute attribution lookback (some
+    conversions fall outside it), 5-minute sessions that close, and several batches.
+
+    Over SASL_SSL, as production Kafka is: the broker of `adattr up --secure`, the job and the
+    tools as the job's user (its ACLs only), the events sent as the event producers' user."""
+    plain = replace(
+        isolated_settings(base_settings, secure_broker.bootstrap, tmp_path_factory.mktemp("job")),
+        watermark_delay="3 minutes",
+        attribution_lookback="2 minutes",
+        session_gap="5 minutes",
+        max_offsets_per_trigger=700,
+    )
+    secure_broker.provision(plain)
+    return secure_broker.as_user(plain, JOB)
+
+
+@pytest.fixture(scope="module")
+def events_kafka(settings: Settings, secure_broker: SecureBroker) -> KafkaConnection:
+    return KafkaConnection.of(secure_broker.as_user(settings, EVENTS))
+
+
+def _stop_after(spark: SparkSession, settings: Settings, batches: int) -> None:
+    """Starts the job and stops it once it has completed ``batches`` micro-batches (whatever
+    the next batch is doing then: Spark interrupts it and a restart re-executes it)."""
+    query = job.start(spark, settings, available_now=True)
+    try:
+        while query.isActive:
+            progress = query.lastProgress
+            if progress is not None and progress["batchId"] >= batches - 1:
+                break
+            query.awaitTermination(0.2)
+    finally:
+        query.stop()
+    assert query.lastProgress["batchId"] >= batches - 1, "the job ended before the stop"
+
+
+@pytest.fixture(scope="module")
+def golden(spark: SparkSession, settings: Settings, events_kafka: KafkaConnection):  # type: ignore[no-untyped-def]
+    """Main segment in; the job runs three batches and is stopped mid-run; restarted, it runs
+    to the end; the late tail in; the job runs again."""
+    cfg = GenConfig.for_settings(
+        settings,
+        events=3000,
+        seed=11,
+        users=300,
+        ads=20,
+        late_ratio=0.003,
+        malformed_ratio=0.03,
+        step_ms=1000,
+    )
+    traffic = plan_traffic(cfg)
+    ensure_topics(KafkaConnection.of(settings), app_topics(settings))
+    upsert_dim_ads(spark, _warehouse(settings), traffic.dim_rows)
+    produce(traffic.main, events_kafka, settings.input_topic, progress=False)
+    _stop_after(spark, settings, batches=3)
+    job.run(spark, settings, available_now=True)
+    produce(traffic.tail, events_kafka, settings.input_topic, progress=False)
+    job.run(spark, settings, available_now=True)
+    return traffic
+
+
+def test_golden_end_to_end_matches_truth_exactly(spark, settings: Settings, golden) -> None:  # type: ignore[no-untyped-def]
+    seen = observed(spark, _warehouse(settings))
+    assert diff(golden.truth, seen) == []
+    # Every kind of bad input happened and was quarantined with its reason and raw bytes.
+    assert set(seen["quarantine"]) == set(c.REASONS)
+    assert golden.truth["late"] == 9 and golden.truth["duplicates"] > 0
+    q = spark.read.format("delta").load(f"{_warehouse(settings)}/{t.QUARANTINE}")
+    assert q.where("raw_value IS NULL OR reason IS NULL").count() == 0
+    late = spark.read.format("delta").load(f"{_warehouse(settings)}/{t.LATE}").collect()
+    assert all(r.event_time <= r.watermark for r in late)
+    # Ledger: one row per batch, and the counts add up to what bronze holds.
+    ledger = spark.read.format("delta").load(f"{_warehouse(settings)}/{t.LEDGER}").collect()
+    assert len({r.batch_id for r in ledger}) == len(ledger) >= 6
+    assert sum(r.counts["read"] for r in ledger) == seen["records"]
+    # Each row names the Delta version of every table its batch wrote, never going backwards.
+    by_batch = sorted(ledger, key=lambda r: r.batch_id)
+    assert all(t.BRONZE in r.delta_versions for r in by_batch if r.counts["read"])
+    written = {name for r in by_batch for name in r.delta_versions}
+    assert written == {t.BRONZE, t.QUARANTINE, t.LATE, t.SILVER, t.GOLD_1M, *GOLD}
+    for a, b in pairwise(by_batch):
+        assert all(
+            b.delta_versions[k] >= v for k, v in a.delta_versions.items() if k in b.delta_versions
+        )
+    # The run covered every attribution case at scale, and sessions closed batch by batch.
+    statuses = Counter(a["status"] for a in golden.truth["attributions"])
+    assert statuses["attributed"] >= 5 and statuses["unattributed"] >= 5
+    assert len(golden.truth["sessions"]) > 100
+    closing = [r.counts.get("sessions_closed", 0) for r in ledger]
+    assert sum(closing) == len(golden.truth["sessions"])
+    assert sum(n > 0 for n in closing) >= 3
+
+
+def test_audit_passes_on_the_golden_run_and_catches_a_doubled_record(
+    spark, settings: Settings, golden, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    checks = audit(spark, _warehouse(settings), KafkaConnection.of(settings))
+    assert [c.name for c in checks if not c.ok] == []
+    assert len(checks) >= 10
+    copy = tmp_path / "warehouse"
+    shutil.copytree(settings.warehouse, copy)
+    bronze = spark.read.format("delta").load(f"{copy}/{t.BRONZE}")
+    bronze.limit(1).write.format("delta").mode("append").save(f"{copy}/{t.BRONZE}")
+    broken = [c.name for c in audit(spark, str(copy), None) if not c.ok]
+    assert broken == [
+        "ledger: bronze holds every record read",
+        "bronze: each record once, none that no batch read",
+    ]
+
+
+def test_reconcile_agrees_with_the_stream_and_names_a_lost_row(
+    spark, settings: Settings, golden, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Every table recomputed from bronze in one batch job equals what the stream wrote; a copy
+    missing one attribution and one silver event is caught in exactly those tables."""
+    tuning = {
+        "max_bytes": settings.max_record_bytes,
+        "lookback_seconds": settings.attribution_lookback_seconds,
+        "session_gap_seconds": settings.session_gap_seconds,
+    }
+    diffs = reconcile(spark, _warehouse(settings), **tuning)
+    assert [(d.table, d.missing, d.unexpected) for d in diffs if not d.ok] == []
+    assert {d.table for d in diffs} >= {t.SILVER, t.GOLD_1M, t.ATTRIBUTIONS, t.CTR_1H, t.SESSIONS}
+    assert all(d.rows > 0 for d in diffs)
+    copy = tmp_path / "warehouse"
+    shutil.copytree(settings.warehouse, copy)
+    for name, key in ((t.SILVER, "event_id"), (t.ATTRIBUTIONS, "conversion_id")):
+        victim = spark.read.format("delta").load(f"{copy}/{name}").orderBy(key).first()
+        DeltaTable.forPath(spark, f"{copy}/{name}").delete(F.col(key) == victim[key])
+    broken = {d.table: (d.missing, d.unexpected) for d in reconcile(spark, str(copy), **tuning)}
+    assert broken[t.ATTRIBUTIONS] == (1, 0)
+    assert broken[t.SILVER] == (1, 0)
+
+
+def test_quality_suites_pass_on_the_golden_tables(
+    spark, settings: Settings, golden, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    report = run_quality(
+        spark,
+        _warehouse(settings),
+        tmp_path / "gx",
+        lookback_seconds=settings.attribution_lookback_seconds,
+    )
+    assert [f.expectation for f in report.failures] == []
+    assert report.checked >= 20
+    assert report.docs is not None and "silver_ad_events" in report.docs.read_text()
+
+
+def test_quality_names_what_a_corrupted_copy_breaks(
+    spark, settings: Settings, golden, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """A copy of the tables with a duplicate event id, a negative spend and a window of the
+    wrong length: `adattr quality` exits 1 and names each broken expectation."""
+    copy = tmp_path / "warehouse"
+    shutil.copytree(settings.warehouse, copy)
+    silver = spark.read.format("delta").load(f"{copy}/{t.SILVER}")
+    silver.limit(1).write.format("delta").mode("append").save(f"{copy}/{t.SILVER}")
+    gold = DeltaTable.forPath(spark, f"{copy}/{t.GOLD_1M}")
+    first, second = gold.toDF().orderBy("window_start", "ad_id").limit(2).collect()
+    gold.update(
+        f"ad_id = '{first.ad_id}' AND window_start = '{first.window_start}'", {"spend": "-1"}
+    )
+    gold.update(
+        f"ad_id = '{second.ad_id}' AND window_start = '{second.window_start}'",
+        {"window_end": "window_start + INTERVAL 2 MINUTES"},
+    )
+    env = settings_env(settings, warehouse=str(copy), data_dir=str(tmp_path / "data"))
+    done = run_adattr(env, "quality")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "FAILED silver_ad_events: expect_column_values_to_be_unique(event_id)" in out
+    assert "FAILED gold_ad_metrics_1m: expect_column_values_to_be_between(spend)" in out
+    assert "FAILED gold_ad_metrics_1m: expect_column_values_to_be_in_set(window_seconds)" in out
+    assert "FAILED reconciliation" in out  # the duplicate also breaks gold = silver
+    assert "Data Docs: file://" in out
+
+
+def test_state_lives_in_rocksdb_with_changelog_checkpointing(settings: Settings, golden) -> None:  # type: ignore[no-untyped-def]
+    state = job.current_generation(settings.checkpoints).checkpoint / "state"
+    files = [p.name for p in state.rglob("*") if p.is_file()]
+    assert any(name.endswith(".changelog") for name in files), files[:20]
+    assert not any(name.endswith(".delta") for name in files)
+
+
+def test_reexecuted_batch_changes_nothing(spark, settings: Settings, golden) -> None:  # type: ignore[no-untyped-def]
+    """A crash after the Delta commits and before Spark's commit log: Spark runs the batch again
+    with the same id and offsets. Simulated for real by removing the last commit-log entry."""
+    before = _fingerprint(spark, settings)
+    gen = job.current_generation(settings.checkpoints)
+    commits = sorted(
+        int(p.name) for p in (gen.checkpoint / "commits").iterdir() if p.name.isdigit()
+    )
+    last = commits[-1]
+    (gen.checkpoint / "commits" / str(last)).unlink()
+    (gen.checkpoint / "commits" / f".{last}.crc").unlink(missing_ok=True)
+    bronze = DeltaTable.forPath(spark, f"{_warehouse(settings)}/{t.BRONZE}")
+    ops_before = [r.operation for r in bronze.history().orderBy("version").collect()]
+    # Fresh batches appended (no keyed MERGE, no txn lookup)...
+    assert "WRITE" in ops_before, ops_before
+    job.run(spark, settings, available_now=True)
+    assert (gen.checkpoint / "commits" / str(last)).exists(), "the batch was not re-executed"
+    assert _fingerprint(spark, settings) == before
+    # ...the re-executed one overlapped the high-water marks and MERGEd, appending nothing.
+    ops_after = [r.operation for r in bronze.history().orderBy("version").collect()]
+    assert ops_after[: len(ops_before)] == ops_before
+    assert set(ops_after[len(ops_before) :]) <= {"MERGE"}, ops_after
+
+
+def test_writes_are_idempotent_even_without_delta_txn(spark, settings: Settings, golden) -> None:  # type: ignore[no-untyped-def]
+    """The second guard alone: the checkpoint is rewound to its first batch and the job re-runs
+    under a *different* Delta app id (as if the txn bookkeeping were lost), so batch 0 and the
+    late tail are written again with no txn to skip them. Every MERGE is keyed by identity, so
+    nothing is inserted twice and gold is recomputed to the same values."""
+    before = _fingerprint(spark, settings)
+    gen = job.current_generation(settings.checkpoints)
+    for log in ("commits", "offsets"):
+        for entry in (gen.checkpoint / log).iterdir():
+            batch = entry.name.lstrip(".").removesuffix(".crc")
+            if batch.isdigit() and (log == "commits" or int(batch) > 0):
+                entry.unlink()
+    marker = settings.checkpoints / "attribution" / "generation.json"
+    marker.write_text(json.dumps({"number": gen.number, "app_id": "adattr-other-app-id"}))
+    job.run(spark, settings, available_now=True)
+    after = _fingerprint(spark, settings)
+    for name in (t.BRONZE, t.QUARANTINE, t.LATE, t.SILVER, t.SESSIONS):
+        assert after[name] == before[name], name
+    for name in (t.GOLD_1M, *GOLD):
+        assert after[name][0] == before[name][0], name  # provenance columns differ
+    seen = observed(spark, _warehouse(settings))
+    assert diff(golden.truth, seen) == []
+    rerun = spark.read.format("delta").load(f"{_warehouse(settings)}/{t.LEDGER}")
+    rerun_batches = {r.batch_id for r in rerun.where("app_id = 'adattr-other-app-id'").collect()}
+    assert 0 in rerun_batches and len(rerun_batches) >= 2

@@ -1,0 +1,57 @@
+"""`adattr bench --quick` end to end: every variant runs and reports; no figure is asserted
+(performance is reported by the benchmark, never judged by a timed test)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.stack.broker import free_port
+from tests.builders import adattr_env, run_adattr
+
+pytestmark = pytest.mark.integration
+
+
+def test_quick_bench_reports_every_variant(kafka_bootstrap: str, tmp_path: Path) -> None:
+    env = adattr_env(
+        bootstrap_servers=kafka_bootstrap,
+        kafka_controller_port=str(free_port()),
+        data_dir=str(tmp_path / "data"),
+        spark_master="local[2]",
+    )
+    done = run_adattr(env, "bench", "--quick", timeout=1200)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    results = list((tmp_path / "data" / "bench").glob("*/result.json"))
+    assert len(results) == 1
+    summary = json.loads(results[0].read_text())["summary"]
+    for variant in ("B0s", "B0k", "B1", "B2", "B3"):
+        assert summary["rates"][variant]["median"] > 0, variant
+    runs = json.loads(results[0].read_text())["runs"]
+    # Every record of the topic was read by every variant (4,000 plus duplicates, no loss).
+    totals = {v: runs[v][0]["records_total"] for v in runs}
+    assert len(set(totals.values())) == 1 and totals["B3"] >= 4000, totals
+    assert summary["latency"]["records"] > 0
+    assert summary["latency"]["p50"] <= summary["latency"]["p99"]
+    fixed = summary["fixed_cost"]
+    assert len(fixed["data_batches_s"]) >= 2 and fixed["empty_batches_s"], fixed
+    assert (results[0].parent / "bench.png").stat().st_size > 10_000
+    assert "B3/B1 (textbook peer)" in done.stdout and "B3/B2 (cost of exactly-once)" in done.stdout
+
+
+def test_publish_cost_sends_every_changed_row_in_one_transaction(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    env = adattr_env(
+        bootstrap_servers=kafka_bootstrap,
+        kafka_controller_port=str(free_port()),
+        data_dir=str(tmp_path / "data"),
+        spark_master="local[2]",
+    )
+    done = run_adattr(env, "bench", "--publish-rows", "3000", timeout=600)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    (result,) = (tmp_path / "data" / "bench").glob("*/result.json")
+    cost = json.loads(result.read_text())["publish"]
+    assert cost["rows"] == 3000 and cost["mb"] > 0.3  # every row's JSON value was pulled
+    assert "publish, 3,000 changed gold rows in one transaction" in done.stdout

@@ -1,0 +1,57 @@
+"""The short versions of the drills, as a user runs them: `adattr drill crash|replay|broker`.
+
+Each drill generates its own traffic and truth, hurts the job, then verifies every table
+against the truth, audits the ledger and reconciles every table from bronze, exiting 1 on any
+discrepancy (those checks' own ability to fail is pinned in test_job.py). The crash drill here
+hits two crash points no other test does (inside Spark's state commit; between two Delta
+commits of one batch), plus one random SIGKILL (CI's time budget: each kill is a job start,
+~25 s); the full drill (README) hits all seven and kills at random five times.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.stack.broker import free_port
+from tests.builders import adattr_env, drill_passed, run_adattr
+
+pytestmark = pytest.mark.integration
+
+
+def _env(tmp_path: Path, bootstrap: str, controller: int = 0) -> dict[str, str]:
+    return adattr_env(
+        bootstrap_servers=bootstrap,
+        kafka_controller_port=str(controller or free_port()),
+        data_dir=str(tmp_path / "data"),
+        spark_master="local[2]",
+    )
+
+
+def test_crash_drill(kafka_bootstrap: str, tmp_path: Path) -> None:
+    points = "during_state_store_upload,between_delta_commits"
+    done = run_adattr(
+        _env(tmp_path, kafka_bootstrap),
+        *("drill", "crash", "--kills", "1", "--seed", "5", "--events", "1000", "--points", points),
+        timeout=1200,
+    )
+    out = drill_passed(done, "crash")
+    assert out.count(": killed;") == 2
+    assert out.count("SIGKILL to the process tree") == 1
+
+
+def test_replay_drill(kafka_bootstrap: str, tmp_path: Path) -> None:
+    env = _env(tmp_path, kafka_bootstrap)
+    done = run_adattr(env, "drill", "replay", "--events", "1200", timeout=1200)
+    out = drill_passed(done, "replay")
+    assert "every table unchanged" in out
+
+
+def test_broker_drill_owns_and_restarts_its_broker(tmp_path: Path) -> None:
+    env = _env(tmp_path, f"127.0.0.1:{free_port()}")
+    done = run_adattr(
+        env, "drill", "broker", "--events", "1200", "--down-seconds", "5", timeout=1200
+    )
+    out = drill_passed(done, "broker")
+    assert "broker restarted" in out

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from app.cli import build_parser, main
+
+
+def test_every_subcommand_has_help() -> None:
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert {"up", "down", "status"} <= set(commands)
+    for name in commands:
+        with pytest.raises(SystemExit) as exit_info:
+            main([name, "--help"])
+        assert exit_info.value.code == 0
+
+
+def test_bad_setting_is_one_clear_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "status"],
+        env={"ADATTR_WAREHOUS": "/tmp", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "unknown setting(s) ADATTR_WAREHOUS" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_kafka_failure_is_one_clear_line(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    from confluent_kafka import KafkaError, KafkaException
+
+    import app.cli.stack
+
+    def broker_gone(args, settings):  # type: ignore[no-untyped-def]
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Broker transport failure"))
+
+    monkeypatch.setattr(app.cli.stack, "cmd_status", broker_gone)
+    assert main(["status"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("adattr status: Kafka error:") and "Broker transport failure" in err

@@ -1,0 +1,144 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.runtime.settings import Settings, SettingsError
+from app.runtime.spark import STATE_STORE_PROVIDERS, MissingJarsError, archive_path, spark_conf
+
+
+def test_defaults_are_loopback_and_local() -> None:
+    s = Settings.from_env({})
+    assert s.bootstrap_servers == "127.0.0.1:9092"
+    assert (s.warehouse, s.checkpoints) == ("warehouse", Path("checkpoints"))
+    assert (s.input_topic, s.output_topic) == ("ad-events", "ad-metrics")
+    assert s.watermark_delay_seconds == 600
+
+
+def test_values_are_read_and_typed() -> None:
+    s = Settings.from_env(
+        {
+            "ADATTR_BOOTSTRAP_SERVERS": "localhost:19092,localhost:19093",
+            "ADATTR_WAREHOUSE": "/tmp/wh",
+            "ADATTR_SHUFFLE_PARTITIONS": "8",
+            "ADATTR_SPARK_UI": "yes",
+            "ADATTR_STATE_STORE": "hdfs",
+            "ADATTR_WATERMARK_DELAY": "2 hours",
+            "ADATTR_PYTHON": "python3.11",  # read by infra/setup.sh only
+            "OTHER": "ignored",
+        }
+    )
+    assert s.warehouse == "/tmp/wh"
+    assert s.shuffle_partitions == 8 and s.spark_ui is True
+    assert s.watermark_delay_seconds == 7200
+    assert s.table_path("dim_ads") == "/tmp/wh/dim_ads"
+
+
+def test_a_warehouse_uri_is_kept_as_given_and_a_folder_made_absolute(tmp_path: Path) -> None:
+    s3 = Settings.from_env({"ADATTR_WAREHOUSE": "s3a://adattr-prod/warehouse/"})
+    assert s3.warehouse_uri == "s3a://adattr-prod/warehouse"  # Path would make it s3a:/...
+    assert s3.table_path("silver_ad_events") == "s3a://adattr-prod/warehouse/silver_ad_events"
+    assert s3.local_warehouse is None
+    local = Settings.from_env({"ADATTR_WAREHOUSE": "wh"})
+    assert local.warehouse_uri == str(Path("wh").resolve())
+    assert local.local_warehouse == Path("wh").resolve()
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"ADATTR_WAREHOSE": "/x"}, "ADATTR_WAREHOSE"),
+        ({"ADATTR_SHUFFLE_PARTITIONS": "four"}, "ADATTR_SHUFFLE_PARTITIONS"),
+        ({"ADATTR_SHUFFLE_PARTITIONS": "0"}, "ADATTR_SHUFFLE_PARTITIONS"),
+        ({"ADATTR_BOOTSTRAP_SERVERS": "nohost"}, "ADATTR_BOOTSTRAP_SERVERS"),
+        ({"ADATTR_STATE_STORE": "memory"}, "ADATTR_STATE_STORE"),
+        ({"ADATTR_WATERMARK_DELAY": "10m"}, "ADATTR_WATERMARK_DELAY"),
+        ({"ADATTR_SPARK_UI": "maybe"}, "ADATTR_SPARK_UI"),
+        ({"ADATTR_INPUT_TOPIC": "bad topic"}, "ADATTR_INPUT_TOPIC"),
+        ({"ADATTR_WAREHOUSE": ""}, "ADATTR_WAREHOUSE"),
+        ({"ADATTR_JVM_OPTIONS": "-Xmx1g TieredStopAtLevel=1"}, "ADATTR_JVM_OPTIONS"),
+    ],
+)
+def test_bad_settings_name_the_variable(env: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match=named):
+        Settings.from_env(env)
+
+
+def test_spark_conf_local_and_submitted(tmp_path: Path) -> None:
+    jars = tmp_path / "spark"
+    jars.mkdir()
+    for name in ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "delta-spark_4.2_2.13-4.4.0.jar"):
+        (jars / name).write_bytes(b"")
+    env = {"ADATTR_JARS_DIR": str(tmp_path), "ADATTR_STATE_STORE": "hdfs"}
+    s = Settings.from_env(env)
+    local = spark_conf(s)
+    assert local["spark.master"] == "local[*]"
+    assert local["spark.jars"].count(".jar") == 2
+    assert local["spark.sql.streaming.stateStore.providerClass"] == STATE_STORE_PROVIDERS["hdfs"]
+    assert local["spark.sql.session.timeZone"] == "UTC"
+    submitted = spark_conf(s, submitted=True)
+    assert "spark.master" not in submitted and "spark.jars" not in submitted
+    # Interpreted by default (per-batch literals defeat the generated code's cache) ...
+    for conf in (local, submitted):
+        assert conf["spark.sql.codegen.wholeStage"] == "false"
+        assert conf["spark.sql.codegen.factoryMode"] == "NO_CODEGEN"
+    # ... and Spark's own default when asked for.
+    compiled = spark_conf(Settings.from_env({**env, "ADATTR_SPARK_CODEGEN": "true"}))
+    assert not any(k.startswith("spark.sql.codegen.") for k in compiled)
+
+
+def test_driver_starts_from_the_class_archive_only_when_there_is_one(tmp_path: Path) -> None:
+    jars = tmp_path / "spark"
+    jars.mkdir()
+    for name in ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "delta-spark_4.2_2.13-4.4.0.jar"):
+        (jars / name).write_bytes(b"")
+    env = {"ADATTR_JARS_DIR": str(tmp_path)}
+    s = Settings.from_env(env)
+    assert "spark.driver.extraJavaOptions" not in spark_conf(s)  # none made yet
+    archive = archive_path(s)
+    assert archive is not None and archive.parent == tmp_path / "cds"
+    archive.parent.mkdir()
+    archive.write_bytes(b"made by set-up")
+    options = spark_conf(s)["spark.driver.extraJavaOptions"]
+    assert f"-XX:SharedArchiveFile={archive}" in options and "-Xlog:cds=off" in options
+    # Not under spark-submit (its command line owns the JVM), not when switched off ...
+    assert "spark.driver.extraJavaOptions" not in spark_conf(s, submitted=True)
+    off = Settings.from_env({**env, "ADATTR_JVM_CLASS_ARCHIVE": "false"})
+    assert "spark.driver.extraJavaOptions" not in spark_conf(off)
+    # ... and an archive made for other jars is never used: the key in its name moves.
+    (jars / "extra-1.0.jar").write_bytes(b"")
+    assert archive_path(s) != archive
+    assert "spark.driver.extraJavaOptions" not in spark_conf(s)
+
+
+def test_missing_jars_say_how_to_fetch_them(tmp_path: Path) -> None:
+    s = Settings.from_env({"ADATTR_JARS_DIR": str(tmp_path)})
+    with pytest.raises(MissingJarsError, match=r"infra/setup\.sh"):
+        spark_conf(s)
+
+
+def test_jvm_options_reach_every_jvm_adattr_starts(tmp_path: Path) -> None:
+    from app.stack.broker import LocalBroker
+    from app.stack.cluster import LocalCluster
+    from app.tools.drills import submit_java_options
+
+    kafka = tmp_path / "kafka"
+    kafka.mkdir()
+    (kafka / "kafka_2.13-4.2.0.jar").write_bytes(b"")
+    for name in ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "delta-spark_4.2_2.13-4.4.0.jar"):
+        (tmp_path / "spark").mkdir(exist_ok=True)
+        (tmp_path / "spark" / name).write_bytes(b"")
+    s = Settings.from_env(
+        {"ADATTR_JARS_DIR": str(tmp_path), "ADATTR_JVM_OPTIONS": " -XX:TieredStopAtLevel=1  -Xss2m"}
+    )
+    assert s.java_options == ("-XX:TieredStopAtLevel=1", "-Xss2m")
+    assert spark_conf(s)["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1 -Xss2m"
+    node = LocalCluster.of(s).broker(1)
+    command = node._java("kafka.Kafka", "server.properties")
+    assert command[:3] == ["java", "-XX:TieredStopAtLevel=1", "-Xss2m"]
+    assert LocalBroker(tmp_path, tmp_path)._java("kafka.Kafka")[1].startswith("-Xmx")  # none
+    submit = submit_java_options(s)
+    assert submit[submit.index("--driver-java-options") + 1] == s.jvm_options
+    assert f"spark.executor.extraJavaOptions={s.jvm_options}" in submit
+    assert submit_java_options(Settings.from_env({})) == []
