@@ -14,6 +14,7 @@ lint: setup
 	$(VENV)/ruff check app pipelines schemas tests infra/bench
 	$(VENV)/ruff format --check app pipelines schemas tests infra/bench
 	$(VENV)/mypy app pipelines schemas
+	$(VENV)/lint-imports
 
 # Every tracked file, scanned for keys, tokens and passwords (detect-secrets' detectors); a test
 # value that looks like one is marked with detect-secrets' allowlist pragma, saying why.
