@@ -53,7 +53,7 @@ def kafka_bootstrap(
         jars_dir=base_settings.jars_dir,
         port=free_port(),
         controller_port=free_port(),
-        java_options=tuple(TEST_JVM_OPTIONS.split()),
+        java_options=Settings.from_env({"ADATTR_JVM_OPTIONS": TEST_JVM_OPTIONS}).java_options,
     )
     broker.start(timeout=120)
     try:

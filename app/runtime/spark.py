@@ -82,7 +82,7 @@ def archive_path(settings: Settings) -> Path | None:
     return settings.jars_dir / "cds" / f"driver-{key.hexdigest()[:16]}.jsa"
 
 
-def java_options(settings: Settings) -> str | None:
+def driver_java_options(settings: Settings) -> str | None:
     """The driver's JVM options: ``ADATTR_JVM_OPTIONS``, and those that start it from the
     archive, if there is one to use."""
     options = [*settings.java_options]
@@ -126,7 +126,7 @@ def spark_conf(settings: Settings, *, submitted: bool = False) -> dict[str, str]
         conf["spark.master"] = settings.spark_master
         conf["spark.driver.memory"] = settings.spark_driver_memory
         conf["spark.jars"] = ",".join(spark_jars(settings.jars_dir))
-        java_opts = java_options(settings)
+        java_opts = driver_java_options(settings)
         if java_opts:
             conf["spark.driver.extraJavaOptions"] = java_opts
     return conf

@@ -659,9 +659,10 @@ def describe_points() -> str:
 
 def submit_java_options(settings: Settings) -> list[str]:
     """spark-submit's arguments that give the driver and the executors ADATTR_JVM_OPTIONS."""
-    if not settings.jvm_options:
+    options = " ".join(settings.java_options)
+    if not options:
         return []
     return [
-        *("--driver-java-options", settings.jvm_options),
-        *("--conf", f"spark.executor.extraJavaOptions={settings.jvm_options}"),
+        *("--driver-java-options", options),
+        *("--conf", f"spark.executor.extraJavaOptions={options}"),
     ]

@@ -138,7 +138,7 @@ def test_jvm_options_reach_every_jvm_adattr_starts(tmp_path: Path) -> None:
     command = node._java("kafka.Kafka", "server.properties")
     assert command[:3] == ["java", "-XX:TieredStopAtLevel=1", "-Xss2m"]
     assert LocalBroker(tmp_path, tmp_path)._java("kafka.Kafka")[1].startswith("-Xmx")  # none
-    submit = submit_java_options(s)
-    assert submit[submit.index("--driver-java-options") + 1] == s.jvm_options
-    assert f"spark.executor.extraJavaOptions={s.jvm_options}" in submit
+    submit = submit_java_options(s)  # the same string as the local driver's
+    assert submit[submit.index("--driver-java-options") + 1] == "-XX:TieredStopAtLevel=1 -Xss2m"
+    assert "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -Xss2m" in submit
     assert submit_java_options(Settings.from_env({})) == []
