@@ -97,11 +97,11 @@ class MergeCost:
         took = time.monotonic() - started
         self.jobs = len(set(tracker.getJobIdsForGroup(None)) - known)
         source.unpersist()
-        for k, v in before.items():
-            if v is None:
+        for k, old in before.items():
+            if old is None:
                 self.spark.conf.unset(k)
             else:
-                self.spark.conf.set(k, v)
+                self.spark.conf.set(k, old)
         return took
 
 
