@@ -13,7 +13,7 @@ demo: setup
 lint: setup
 	$(VENV)/ruff check app pipelines schemas tests infra/bench
 	$(VENV)/ruff format --check app pipelines schemas tests infra/bench
-	$(VENV)/mypy app pipelines schemas
+	$(VENV)/mypy app pipelines schemas infra/bench
 	$(VENV)/lint-imports
 
 # Every tracked file, scanned for keys, tokens and passwords (detect-secrets' detectors); a test
