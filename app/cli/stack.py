@@ -7,12 +7,17 @@ import argparse
 
 from app.cli.commands import Add, Subcommands
 from app.runtime.settings import Settings
-from app.stack.broker import BrokerError, broker_at, local_broker
+from app.stack.broker import (
+    BrokerError,
+    broker_at,
+    local_broker,
+    port_is_free,
+    wait_until_ready,
+)
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     from app.runtime.kafka_io import KafkaConnection, app_topics, ensure_topics
-    from app.stack.broker import port_is_free, wait_until_ready
 
     if args.secure:
         return _up_secure(args, settings)
