@@ -34,8 +34,9 @@ class SettingsError(ValueError):
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
+# The checkout adattr runs from (app/runtime/settings.py is two folders below it): where infra/
+# and app/submit.py live for the tools that need them.
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse_duration_seconds(text: str) -> int:
@@ -101,7 +102,7 @@ class Settings:
         default=Path(".adattr"), metadata={"doc": "local broker data, logs and pid files"}
     )
     jars_dir: Path = field(
-        default=_repo_root() / "infra" / ".jars",
+        default=REPO_ROOT / "infra" / ".jars",
         metadata={"doc": "where infra/fetch-jars.sh put the JVM jars"},
     )
     kafka_controller_port: int = field(

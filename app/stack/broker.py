@@ -24,12 +24,13 @@ from string import Template
 from typing import TYPE_CHECKING, Any
 
 from app.runtime.processes import pid_alive
+from app.runtime.settings import REPO_ROOT
 
 if TYPE_CHECKING:
     from app.runtime.settings import Settings
     from app.stack.secure_kafka import SecureKafka
 
-INFRA = Path(__file__).resolve().parents[2] / "infra" / "kafka"
+INFRA = REPO_ROOT / "infra" / "kafka"
 
 
 class BrokerError(RuntimeError):

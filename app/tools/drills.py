@@ -33,11 +33,9 @@ from confluent_kafka import KafkaException
 
 from app.runtime.errors import UserInputError
 from app.runtime.processes import children, cmdline
-from app.runtime.settings import Settings
+from app.runtime.settings import REPO_ROOT, Settings
 from app.stack.broker import BrokerError, LocalBroker, wait_until_ready
 from app.stack.cluster import NODES, WORKERS, LocalCluster
-
-REPO = Path(__file__).resolve().parents[2]
 
 # The job's crash points, in the order a batch reaches them.
 JOB_POINTS = (
@@ -164,13 +162,13 @@ class Stack:
         if not all(nodes) or cluster.alive_workers() < WORKERS:
             cluster.up()
         subprocess.run(
-            ["bash", str(REPO / "infra" / "package.sh")],
-            cwd=REPO,
+            ["bash", str(REPO_ROOT / "infra" / "package.sh")],
+            cwd=REPO_ROOT,
             env={**os.environ, "PYTHON": sys.executable},
             capture_output=True,
             check=True,
         )
-        self.package = REPO / ".adattr" / "dist" / "adattr.zip"
+        self.package = REPO_ROOT / ".adattr" / "dist" / "adattr.zip"
 
     def down(self) -> None:
         for proc in self.procs:
@@ -250,7 +248,7 @@ class Stack:
             *("--conf", "spark.executor.memory=1g", "--conf", f"spark.ui.port={self.ui_port}"),
             *("--jars", ",".join(spark_jars(self.settings.jars_dir))),
             *("--py-files", str(self.package)),
-            str(REPO / "app" / "submit.py"),
+            str(REPO_ROOT / "app" / "submit.py"),
             *args,
         ]
 
