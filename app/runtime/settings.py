@@ -125,6 +125,15 @@ class Settings:
             "off: interpreted, cheaper for micro-batches of thousands of rows"
         },
     )
+    auto_compact: bool = field(
+        default=True,
+        metadata={
+            "doc": "Delta auto compaction after the job's writes: a table's small files are "
+            "rewritten into files of up to 8 MB once 50 have piled up, in the writing thread "
+            "(never beside a write to the same table); off: files pile up, one or more per "
+            "table per batch"
+        },
+    )
     jvm_class_archive: bool = field(
         default=True,
         metadata={

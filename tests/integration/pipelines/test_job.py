@@ -256,10 +256,11 @@ def test_reexecuted_batch_changes_nothing(spark, settings: Settings, golden) -> 
     job.run(spark, settings, available_now=True)
     assert (gen.checkpoint / "commits" / str(last)).exists(), "the batch was not re-executed"
     assert _fingerprint(spark, settings) == before
-    # ...the re-executed one overlapped the high-water marks and MERGEd, appending nothing.
+    # ...the re-executed one overlapped the high-water marks and MERGEd, appending nothing
+    # (Delta's auto compaction may follow a commit: it rewrites files, changing no data).
     ops_after = [r.operation for r in bronze.history().orderBy("version").collect()]
     assert ops_after[: len(ops_before)] == ops_before
-    assert set(ops_after[len(ops_before) :]) <= {"MERGE"}, ops_after
+    assert set(ops_after[len(ops_before) :]) <= {"MERGE", "OPTIMIZE"}, ops_after
 
 
 def test_writes_are_idempotent_even_without_delta_txn(spark, settings: Settings, golden) -> None:  # type: ignore[no-untyped-def]

@@ -86,6 +86,12 @@ def test_spark_conf_local_and_submitted(tmp_path: Path) -> None:
     # ... and Spark's own default when asked for.
     compiled = spark_conf(Settings.from_env({**env, "ADATTR_SPARK_CODEGEN": "true"}))
     assert not any(k.startswith("spark.sql.codegen.") for k in compiled)
+    # Small files are compacted by Delta after the job's writes, unless asked not to.
+    for conf in (local, submitted):
+        assert conf["spark.databricks.delta.autoCompact.enabled"] == "true"
+        assert int(conf["spark.databricks.delta.autoCompact.maxFileSize"]) == 8 * 1024 * 1024
+    piled = spark_conf(Settings.from_env({**env, "ADATTR_AUTO_COMPACT": "false"}))
+    assert not any(k.startswith("spark.databricks.delta.autoCompact.") for k in piled)
 
 
 def test_driver_starts_from_the_class_archive_only_when_there_is_one(tmp_path: Path) -> None:
