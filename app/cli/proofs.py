@@ -49,6 +49,12 @@ def cmd_drill(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     from app.tools.bench import bench
 
+    if args.soak is not None and args.soak <= 0:
+        raise UserInputError(f"--soak takes minutes above 0, not {args.soak:g}")
+    if args.rate is not None and args.soak is None:
+        raise UserInputError("--rate is the soak's rate: use it with --soak")
+    if args.rate is not None and args.rate <= 0:
+        raise UserInputError(f"--rate takes events/s above 0, not {args.rate:g}")
     return bench(
         settings,
         quick=args.quick,
@@ -56,6 +62,8 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         repeats=args.repeats,
         only_fixed=args.fixed_only,
         publish_rows=args.publish_rows,
+        soak_minutes=args.soak,
+        soak_rate=args.rate,
     )
 
 
@@ -132,4 +140,17 @@ def add_commands(sub: Subcommands, add: Add) -> None:
         metavar="N",
         help="only the publishing path: a batch that changed N gold rows, to Kafka in one "
         "transaction through the driver",
+    )
+    bench_cmd.add_argument(
+        "--soak",
+        type=float,
+        nargs="?",
+        const=30.0,
+        metavar="MINUTES",
+        help="only the soak: the job for MINUTES (default 30) at half of B3's sustained rate "
+        "(measured first, one run), 1 s trigger; batch time, latency and files per table for "
+        "every 5 minutes",
+    )
+    bench_cmd.add_argument(
+        "--rate", type=float, help="--soak at this many events/s instead (B3 is not measured)"
     )

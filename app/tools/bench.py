@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
     from pipelines.report import BatchReport
 
 VARIANTS = ("B0s", "B0k", "B1", "B2", "B3")
+# The soak's slices: cost per 5 minutes of a run (a shorter run: a sixth of it).
+SOAK_SLICE_S = 300.0
 LABELS = {
     "B0s": "B0 Spark Kafka source, no-op sink",
     "B0k": "B0 confluent-kafka consumer loop",
@@ -352,9 +355,11 @@ def _median_steps(steps: list[dict[str, float]]) -> dict[str, float]:
     return {k: round(statistics.median(s.get(k, 0.0) for s in steps), 3) for k in sorted(names)}
 
 
-def latency_worker(rate: float, seconds: float, out: Path) -> None:
+def latency_worker(rate: float, seconds: float, out: Path, slice_seconds: float) -> None:
     """The job with a 1 s trigger on an empty topic, fed at ``rate`` records/s for
-    ``seconds``; per record, the time until its batch's marker is visible read_committed."""
+    ``seconds``; per record, the time until its batch's marker is visible read_committed. Per
+    slice of ``slice_seconds`` (the soak: whether cost grows with time), the batches' durations,
+    the latencies of the records sent in it, and at its end the data files of every table."""
     from confluent_kafka import Consumer, TopicPartition
 
     from app.runtime.kafka_io import KafkaConnection, app_topics, consumer_config, ensure_topics
@@ -376,10 +381,22 @@ def latency_worker(rate: float, seconds: float, out: Path) -> None:
         )
     )
     spark = build_spark(settings, "adattr-bench-latency")
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1000000")
     warehouse = settings.warehouse_uri
     upsert_dim_ads(spark, warehouse, traffic.dim_rows)
     visible: dict[int, float] = {}
     stop = threading.Event()
+    files: list[tuple[float, dict[str, int]]] = []  # (when, data files per table)
+    local = settings.local_warehouse
+
+    def count_files() -> None:
+        if local is not None:
+            files.append((time.time(), files_per_table(local)))
+
+    def sample_files() -> None:
+        while not stop.wait(slice_seconds):
+            count_files()
+
     gen = job.current_generation(settings.checkpoints)
 
     def watch() -> None:
@@ -397,6 +414,8 @@ def latency_worker(rate: float, seconds: float, out: Path) -> None:
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     query = job.start(spark, settings, available_now=False)
+    sampler = threading.Thread(target=sample_files, daemon=True)
+    sampler.start()
     produce(
         traffic.main,
         kafka,
@@ -414,9 +433,12 @@ def latency_worker(rate: float, seconds: float, out: Path) -> None:
 
     while read() < sent and time.monotonic() < deadline:  # until every record is in a batch
         query.awaitTermination(1)
+    progress = [json.loads(p.json) for p in query.recentProgress]
     query.stop()
     stop.set()
     watcher.join()
+    sampler.join()
+    count_files()
     bronze = spark.read.format("delta").load(f"{warehouse}/{t.BRONZE}")
     sent_at = {
         (r.kafka_partition, r.kafka_offset): r.ts
@@ -427,6 +449,7 @@ def latency_worker(rate: float, seconds: float, out: Path) -> None:
     first = min(sent_at.values()) if sent_at else 0.0
     warm = min(10.0, seconds / 3)
     latencies = []
+    sent_and_latency: list[tuple[float, float]] = []
     for row in spark.read.format("delta").load(f"{warehouse}/{t.LEDGER}").collect():
         shown = visible.get(row.batch_id)
         if shown is None:
@@ -436,6 +459,7 @@ def latency_worker(rate: float, seconds: float, out: Path) -> None:
                 ts = sent_at.get((o.kafka_partition, off))
                 if ts is not None and ts - first >= warm:  # warm-up excluded
                     latencies.append(shown - float(ts))
+                    sent_and_latency.append((float(ts), shown - float(ts)))
     latencies.sort()
 
     def pct(q: float) -> float:
@@ -451,9 +475,93 @@ def latency_worker(rate: float, seconds: float, out: Path) -> None:
                 "p95": pct(0.95),
                 "p99": pct(0.99),
                 "max": latencies[-1] if latencies else 0.0,
+                "slice_seconds": slice_seconds,
+                "slices": soak_slices(
+                    sent_and_latency,
+                    [_batch_of(p) for p in progress],
+                    files,
+                    start=first,
+                    slice_seconds=slice_seconds,
+                    count=max(1, round(seconds / slice_seconds)),
+                ),
             }
         )
     )
+
+
+def files_per_table(warehouse: Path) -> dict[str, int]:
+    """The data files of each table's newest version with a checksum file (Delta writes one
+    after each commit, with the count), read from disk: counting costs the job nothing."""
+    from pipelines import tables as t
+
+    counts: dict[str, int] = {}
+    for table in t.TABLES:
+        log = warehouse / table.name / "_delta_log"
+        for crc in sorted(log.glob("*.crc"), reverse=True) if log.is_dir() else []:
+            try:
+                counts[table.name] = int(json.loads(crc.read_text())["numFiles"])
+                break
+            except (OSError, ValueError, KeyError):
+                continue  # being written: the one before
+    return counts
+
+
+def _batch_of(progress: dict[str, Any]) -> tuple[float, float, int]:
+    """(start, seconds, input rows) of one micro-batch from Spark's progress."""
+    start = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
+    seconds = int(progress["durationMs"].get("triggerExecution", 0)) / 1000
+    return start, seconds, int(progress["numInputRows"])
+
+
+def _quantile(xs: list[float], q: float) -> float | None:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else None
+
+
+def soak_slices(
+    latencies: list[tuple[float, float]],
+    batches: list[tuple[float, float, int]],
+    files: list[tuple[float, dict[str, int]]],
+    *,
+    start: float,
+    slice_seconds: float,
+    count: int,
+) -> list[dict[str, Any]]:
+    """Cost over time, in ``count`` slices of ``slice_seconds`` from ``start`` (epoch seconds):
+    the durations of the micro-batches that started in each (those with input, and all), the
+    latencies of the records sent in it ((sent, latency) pairs), and the data files per table
+    at the first count taken at or after its end (the last count, for a slice that ends after
+    it). Nothing outside the slices counts (the warm-up before ``start``, the batches that
+    drain the topic after the last send)."""
+
+    def index(at: float) -> int:
+        return int((at - start) // slice_seconds) if at >= start else -1
+
+    slices = []
+    for i in range(count):
+        lats = [x for at, x in latencies if index(at) == i]
+        mine = [(sec, rows) for at, sec, rows in batches if index(at) == i]
+        data = [sec for sec, rows in mine if rows > 0]
+        end = start + (i + 1) * slice_seconds
+        later = [counts for at, counts in files if at >= end]
+        counted = later[0] if later else (files[-1][1] if files else {})
+        slices.append(
+            {
+                "slice": i,
+                "from_s": i * slice_seconds,
+                "to_s": (i + 1) * slice_seconds,
+                "batches": len(mine),
+                "data_batches": len(data),
+                "batch_p50_s": _quantile(data, 0.5),
+                "batch_p95_s": _quantile(data, 0.95),
+                "any_batch_p50_s": _quantile([sec for sec, _ in mine], 0.5),
+                "records": len(lats),
+                "latency_p50_s": _quantile(lats, 0.5),
+                "latency_p99_s": _quantile(lats, 0.99),
+                "files": counted,
+            }
+        )
+    return slices
 
 
 # -- the orchestrator ------------------------------------------------------------------------------
@@ -515,6 +623,8 @@ def bench(
     repeats: int | None,
     only_fixed: bool = False,
     publish_rows: int = 0,
+    soak_minutes: float | None = None,
+    soak_rate: float | None = None,
 ) -> int:
     from app.tools.drills import Stack
 
@@ -541,6 +651,13 @@ def bench(
             )
             print(f"bench: wrote {s.dir / 'result.json'}")
             return 0
+        if soak_minutes is not None:
+            print(f"bench: soak; results under {s.dir}", flush=True)
+            soak = _soak(s, soak_minutes, soak_rate, n=n, batch=batch)
+            (s.dir / "result.json").write_text(json.dumps({"soak": soak}, indent=1))
+            print_soak(soak)
+            print(f"bench: wrote {s.dir / 'result.json'}")
+            return 0
         if only_fixed:
             print(f"bench: fixed cost only; results under {s.dir}", flush=True)
             fixed = _fixed_cost(s, rounds)
@@ -565,6 +682,8 @@ def bench(
             str(rate),
             "--seconds",
             str(seconds),
+            "--slice",
+            str(seconds / 3),
             log=s.dir / "latency.log",
         )
         fixed = _fixed_cost(s, rounds)
@@ -646,8 +765,10 @@ def _publish_cost(s: Any, rows: int) -> dict[str, Any]:
     }
 
 
-def _throughput(s: Any, n: int, reps: int, batch: int) -> dict[str, list[dict[str, Any]]]:
-    """Every variant over the same preloaded topic, ``reps`` times, alternating the order."""
+def _throughput(
+    s: Any, n: int, reps: int, batch: int, variants: tuple[str, ...] = VARIANTS
+) -> dict[str, list[dict[str, Any]]]:
+    """Each variant over the same preloaded topic, ``reps`` times, alternating the order."""
     from app.tools.dim_csv import write_dim_csv
     from app.tools.drills import chunks_of
     from app.tools.generator import GenConfig, plan_traffic
@@ -665,8 +786,8 @@ def _throughput(s: Any, n: int, reps: int, batch: int) -> dict[str, list[dict[st
         s.produce(part)
     dim_csv = s.dir / "dim.csv"
     write_dim_csv(dim_csv, traffic.dim_rows)
-    results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
-    order = list(VARIANTS)
+    results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    order = list(variants)
     for rep in range(reps):
         for variant in order:
             run = f"{variant}-{rep + 1}"
@@ -686,6 +807,37 @@ def _throughput(s: Any, n: int, reps: int, batch: int) -> dict[str, list[dict[st
             print(f" {r['events_per_s']:,.0f} events/s ({r['records_total']:,} records)")
         order.reverse()
     return results
+
+
+def _soak(s: Any, minutes: float, rate: float | None, *, n: int, batch: int) -> dict[str, Any]:
+    """The shipped job for ``minutes`` at ``rate`` (default: half of B3's sustained rate,
+    measured first in one run over the bench's topic), in slices (5 minutes, or a sixth of a
+    shorter run)."""
+    b3 = None
+    if rate is None:
+        print("bench: soak: B3's sustained rate first (one run) ...", flush=True)
+        b3 = _throughput(s, n, 1, batch, variants=("B3",))["B3"][0]["events_per_s"]
+        rate = round(b3 * 0.5)
+    seconds = minutes * 60
+    slice_s = SOAK_SLICE_S if seconds >= 6 * SOAK_SLICE_S else seconds / 6
+    print(
+        f"bench: soak at {rate:,.0f} events/s for {minutes:g} min, 1 s trigger, "
+        f"slices of {slice_s:.0f}s ...",
+        flush=True,
+    )
+    result = _run_worker(
+        _run_env(s, "soak", own_input=True),
+        s.dir / "soak.json",
+        "latency",
+        "--rate",
+        str(rate),
+        "--seconds",
+        str(seconds),
+        "--slice",
+        str(slice_s),
+        log=s.dir / "soak.log",
+    )
+    return {**result, "minutes": minutes, "b3_events_per_s": b3}
 
 
 def _fixed_cost(s: Any, rounds: int) -> dict[str, Any]:
@@ -769,6 +921,41 @@ def print_fixed(fixed: dict[str, Any]) -> None:
         print(f"  {kind} batch, sink phases (median): {parts}")
 
 
+def print_soak(soak: dict[str, Any]) -> None:
+    def sec(x: float | None) -> str:
+        return f"{x:.2f}" if x is not None else "-"
+
+    measured = soak.get("b3_events_per_s")
+    print(
+        f"\nsoak at {soak['rate']:,.0f} events/s"
+        + (f" (50% of B3's {measured:,.0f})" if measured else "")
+        + f" for {soak['minutes']:g} min, 1 s trigger; per slice of {soak['slice_seconds']:.0f}s:"
+    )
+    slices = soak["slices"]
+    names = sorted({name for x in slices for name in x["files"]})
+    short = {n: n.replace("_ad_events", "").replace("gold_", "").replace("_ad", "") for n in names}
+    print(
+        f"{'slice':>5} {'min':>9} {'batches':>8} {'batch p50':>10} {'p95':>6} "
+        f"{'latency p50':>12} {'p99':>6}  files: " + " ".join(short[n] for n in names)
+    )
+    for x in slices:
+        span = f"{x['from_s'] / 60:.0f}-{x['to_s'] / 60:.0f}"
+        files = " ".join(f"{x['files'].get(n, 0):>{len(short[n])}}" for n in names)
+        print(
+            f"{x['slice']:>5} {span:>9} {x['data_batches']:>8} {sec(x['batch_p50_s']):>10} "
+            f"{sec(x['batch_p95_s']):>6} {sec(x['latency_p50_s']):>12} "
+            f"{sec(x['latency_p99_s']):>6}         {files}"
+        )
+    first, last = slices[0], slices[-1]
+    for key, label in (("batch_p50_s", "batch p50"), ("latency_p50_s", "latency p50")):
+        if first[key] and last[key] is not None:
+            print(f"last slice / first, {label}: {last[key] / first[key]:.2f}")
+    print(
+        f"whole run, {soak['records']:,} records: latency p50 {soak['p50']:.2f}s "
+        f"p99 {soak['p99']:.2f}s"
+    )
+
+
 def chart(summary: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -824,6 +1011,7 @@ def main(argv: list[str] | None = None) -> None:
     lat = sub.add_parser("latency")
     lat.add_argument("--rate", type=float, required=True)
     lat.add_argument("--seconds", type=float, required=True)
+    lat.add_argument("--slice", type=float, required=True, help="seconds per soak slice")
     lat.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.what == "worker":
@@ -831,7 +1019,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.what == "fixed":
         fixed_cost_worker(args.rounds, args.size, Path(args.out))
     else:
-        latency_worker(args.rate, args.seconds, Path(args.out))
+        latency_worker(args.rate, args.seconds, Path(args.out), args.slice)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.stack.broker import free_port
+from pipelines import tables as t
 from tests.builders import adattr_env, run_adattr
 
 pytestmark = pytest.mark.integration
@@ -34,6 +35,14 @@ def test_quick_bench_reports_every_variant(kafka_bootstrap: str, tmp_path: Path)
     assert len(set(totals.values())) == 1 and totals["B3"] >= 4000, totals
     assert summary["latency"]["records"] > 0
     assert summary["latency"]["p50"] <= summary["latency"]["p99"]
+    # The soak's view of the same run: three slices, each with its records' latencies, its
+    # batches and every table's files counted at its end.
+    slices = summary["latency"]["slices"]
+    assert [x["slice"] for x in slices] == [0, 1, 2], slices
+    assert 0 < sum(x["records"] for x in slices) <= summary["latency"]["records"]
+    assert sum(x["data_batches"] for x in slices) > 0
+    assert all(set(x["files"]) == {n.name for n in t.TABLES} for x in slices), slices
+    assert slices[-1]["files"][t.BRONZE] > 0
     fixed = summary["fixed_cost"]
     assert len(fixed["data_batches_s"]) >= 2 and fixed["empty_batches_s"], fixed
     assert (results[0].parent / "bench.png").stat().st_size > 10_000

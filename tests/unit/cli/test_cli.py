@@ -43,3 +43,16 @@ def test_a_kafka_failure_is_one_clear_line(monkeypatch, capsys) -> None:  # type
     assert main(["status"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("adattr status: Kafka error:") and "Broker transport failure" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--soak", "0"], "--soak takes minutes above 0, not 0"),
+        (["--rate", "500"], "--rate is the soak's rate: use it with --soak"),
+        (["--soak", "5", "--rate", "-1"], "--rate takes events/s above 0, not -1"),
+    ],
+)
+def test_a_bad_soak_is_refused_before_anything_starts(argv, says, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["bench", *argv]) == 1
+    assert says in capsys.readouterr().err

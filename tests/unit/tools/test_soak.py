@@ -1,0 +1,40 @@
+"""The soak's slices (`adattr bench --soak`): what each slice of a run reports."""
+
+from __future__ import annotations
+
+from app.tools.bench import soak_slices
+
+START = 1_000.0
+
+
+def test_each_slice_reports_its_own_batches_latencies_and_the_files_at_its_end() -> None:
+    latencies = [(START + 1, 2.0), (START + 2, 4.0), (START + 11, 9.0), (START + 12, 7.0)]
+    batches = [
+        (START + 0.5, 3.0, 100),
+        (START + 4.0, 1.0, 0),  # no input: counted among batches, not in the batch time
+        (START + 5.0, 5.0, 200),
+        (START + 10.5, 8.0, 300),
+    ]
+    files = [(START + 10.2, {"silver": 7}), (START + 20.1, {"silver": 3})]
+    first, second = soak_slices(latencies, batches, files, start=START, slice_seconds=10, count=2)
+    assert (first["from_s"], first["to_s"], second["from_s"]) == (0, 10, 10)
+    assert (first["batches"], first["data_batches"]) == (3, 2)
+    assert first["batch_p50_s"] == 5.0 and first["any_batch_p50_s"] == 3.0
+    assert (first["records"], first["latency_p50_s"], first["latency_p99_s"]) == (2, 4.0, 4.0)
+    assert first["files"] == {"silver": 7}  # the first count at or after the slice's end
+    assert (second["batches"], second["batch_p50_s"]) == (1, 8.0)
+    assert (second["records"], second["latency_p50_s"]) == (2, 9.0)
+    assert second["files"] == {"silver": 3}
+
+
+def test_nothing_outside_the_slices_counts_and_an_idle_slice_is_still_reported() -> None:
+    latencies = [(START - 1, 50.0), (START + 25, 1.0), (START + 31, 60.0)]
+    batches = [(START - 2, 40.0, 10), (START + 35, 30.0, 10)]  # warm-up, then draining
+    files = [(START + 5, {"ledger": 1})]
+    slices = soak_slices(latencies, batches, files, start=START, slice_seconds=10, count=3)
+    assert [x["slice"] for x in slices] == [0, 1, 2]
+    assert [x["records"] for x in slices] == [0, 0, 1]
+    assert all(x["batches"] == 0 and x["batch_p50_s"] is None for x in slices)
+    assert slices[0]["latency_p50_s"] is None and slices[2]["latency_p50_s"] == 1.0
+    # No count after a slice's end: the last one taken.
+    assert all(x["files"] == {"ledger": 1} for x in slices)
