@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
@@ -68,9 +68,10 @@ class Tables:
     def stamped(self, df: DataFrame, batch_id: int) -> DataFrame:
         """Every row a batch writes or changes carries its (generation, batch_id): how the
         publisher finds a batch's gold rows again."""
-        return df.withColumns(
-            {"generation": F.lit(self.generation), "batch_id": F.lit(batch_id).cast("long")}
-        )
+        return df.withColumns(self.stamp(batch_id))
+
+    def stamp(self, batch_id: int) -> dict[str, Column]:
+        return {"generation": F.lit(self.generation), "batch_id": F.lit(batch_id).cast("long")}
 
     def txn(self, batch_id: int, spark: SparkSession | None = None) -> AbstractContextManager[None]:
         """Delta's idempotent-write marker around one write (none in the at-least-once mode)."""

@@ -102,35 +102,39 @@ class GoldUpdate:
 
         A batch without accepted events recomputes nothing: it only finalises the rows its
         watermark passed, which depend on nothing but each table's own rows, so the three
-        MERGEs run at once, each in its own session."""
-        if rows is None and len(self.sessions) >= 2:
-            one, two = self.on(self.sessions[0]), self.on(self.sessions[1])
+        tables are finalised at once, each in its own session, each by one UPDATE."""
+        if rows is None:
+            if not self.advanced:
+                return
+            at_once = len(self.sessions) >= 2
+            one, two = (
+                (self.on(self.sessions[0]), self.on(self.sessions[1])) if at_once else (self, self)
+            )
             run_concurrently(
                 [
-                    lambda: self._attributions(None),
-                    lambda: one._minutes(None),
-                    lambda: two._hours(None),
+                    lambda: self._finalise(t.ATTRIBUTIONS, "conversion_time"),
+                    lambda: one._finalise(t.GOLD_1M, "window_end"),
+                    lambda: two._finalise(t.CTR_1H, "window_end"),
                 ],
-                together=True,
+                together=at_once,
             )
             return
-        span = _cover(span, self._attributions(rows))
-        if span is None and not self.advanced:
-            return
+        assert span is not None, "a batch with accepted events has their time span"
+        reattributed = self._attributions(rows)
+        if reattributed is not None:  # pending conversions a new click now precedes
+            span = (min(span[0], reattributed[0]), max(span[1], reattributed[1]))
         self._minutes(span)
         self._hours(span)
 
-    def _attributions(self, rows: DataFrame | None) -> tuple[int, int] | None:
+    def _attributions(self, rows: DataFrame) -> tuple[int, int] | None:
         """MERGEs the attributions; returns the conversion-time span it (re)attributed."""
         attributions, reattributed = self._attribution_source(rows)
         self._run(attributions)
         return reattributed
 
-    def _minutes(self, span: tuple[int, int] | None) -> None:
+    def _minutes(self, span: tuple[int, int]) -> None:
         minute_rows = self._minute_windows(span)
-        if minute_rows is None:
-            return
-        lo, hi = (_minute(span[0]), _minute(span[1]) + MINUTE_MS) if span else (0, 0)
+        lo, hi = _minute(span[0]), _minute(span[1]) + MINUTE_MS
         minutes = Merge(
             t.GOLD_1M,
             self._final(minute_rows, "window_end"),
@@ -138,22 +142,16 @@ class GoldUpdate:
             time_column="window_start",
             update=_update_keeping_final(t.GOLD_1M),
         )
-        bounds = self._widen((lo, hi), MINUTE_MS) if span else None
-        self._run(self._prepared(minutes, bounds))
+        self._run(self._prepared(minutes, self._widen((lo, hi), MINUTE_MS)))
 
-    def _hours(self, span: tuple[int, int] | None) -> None:
-        hours = None
-        first = last = 0
-        if span is not None:
-            # The windows containing minute m start in (m - 1 hour, m], on 5-minute boundaries.
-            first = (_minute(span[0]) - HOUR_MS) // SLIDE_MS * SLIDE_MS + SLIDE_MS
-            last = _minute(span[1]) // SLIDE_MS * SLIDE_MS
-            hours = campaign_ctr(
-                self._load(t.GOLD_1M).where(time_between("window_start", first, last + HOUR_MS))
-            ).where(time_between("window_start", first, last + SLIDE_MS))
+    def _hours(self, span: tuple[int, int]) -> None:
+        # The windows containing minute m start in (m - 1 hour, m], on 5-minute boundaries.
+        first = (_minute(span[0]) - HOUR_MS) // SLIDE_MS * SLIDE_MS + SLIDE_MS
+        last = _minute(span[1]) // SLIDE_MS * SLIDE_MS
+        hours = campaign_ctr(
+            self._load(t.GOLD_1M).where(time_between("window_start", first, last + HOUR_MS))
+        ).where(time_between("window_start", first, last + SLIDE_MS))
         due_hours = self._due(t.CTR_1H, "window_end")
-        if hours is None and due_hours is None:
-            return
         hour_keys = ("window_start", "campaign_id")
         hour_values = tuple(c for c in t.columns(t.CTR_1H) if c not in {*hour_keys, *_DERIVED})
         hour_merge = Merge(
@@ -166,15 +164,37 @@ class GoldUpdate:
             time_column="window_start",
             update=_update_keeping_final(t.CTR_1H),
         )
-        bounds = self._widen((first, last), HOUR_MS) if span else None
-        self._run(self._prepared(hour_merge, bounds))
+        self._run(self._prepared(hour_merge, self._widen((first, last), HOUR_MS)))
+
+    def _finalise(self, name: str, end: str) -> None:
+        """The table's rows that the watermark passed in this batch, (w_prev, w_cur], become
+        final and carry the batch's stamp; nothing else changes. One UPDATE with Delta's txn
+        ids: the same rows and values as a MERGE of those rows read back from the table (what a
+        batch with events does, its finalised rows among its recomputed ones), for ~0.5 s less
+        (a 300-row finalisation into a 20,000-row table: UPDATE 0.77 s, MERGE 1.33 s,
+        medians of 8). Counted first: with no row due nothing is committed, as for a MERGE
+        without source rows (what there is to publish is read off the batch's commits)."""
+        from delta.tables import DeltaTable
+
+        started = time.monotonic()
+        due = _after(end, self.w_prev) & ~_after(end, self.watermark_ms) & ~F.col("is_final")
+        n = self._load(name).where(due).count()
+        self.timer.since(f"{name}:source", started)
+        if not n:
+            return
+        self.counts[f"{name}_rows"] = n
+        started = time.monotonic()
+        with self.tables.txn(self.batch_id, self.spark):
+            DeltaTable.forPath(self.spark, self.tables.path(name)).update(
+                due, {"is_final": F.lit(True), **self.tables.stamp(self.batch_id)}
+            )
+        self.tables.committed(name)
+        self.timer.since(f"{name}:update", started)
 
     def _load(self, name: str) -> DataFrame:
         return self.tables.load(name, self.spark)
 
-    def _attribution_source(
-        self, rows: DataFrame | None
-    ) -> tuple[Merge | None, tuple[int, int] | None]:
+    def _attribution_source(self, rows: DataFrame) -> tuple[Merge | None, tuple[int, int] | None]:
         """The attributions MERGE (None: nothing to write) and the conversion-time span of the
         conversions this batch (re)attributes: its new conversions, and the pending (not final)
         ones that one of its new clicks now precedes within the lookback, so a click that
@@ -182,57 +202,53 @@ class GoldUpdate:
         attribution is never touched: its conversion time is at or behind the watermark, so no
         click that could precede it can be accepted any more. Those the watermark passed in
         this batch become final."""
-        if rows is None and not self.advanced:
-            return None, None  # no new conversion, nothing became final
         span = None
         recomputed = None
-        affected = None
-        if rows is not None:
-            new = rows.where(F.col("outcome") == ACCEPTED)
-            # Every attribution at or behind the previous watermark is final (see _due).
-            pending = (
-                self._load(t.ATTRIBUTIONS)
-                .where(~F.col("is_final") & _after("conversion_time", self.w_prev))
-                .select(
-                    F.col("conversion_id").alias("event_id"),
-                    F.col("conversion_time").alias("event_time"),
-                    "user_id",
-                    "advertiser_id",
-                    "revenue",
-                )
+        new = rows.where(F.col("outcome") == ACCEPTED)
+        # Every attribution at or behind the previous watermark is final (see _due).
+        pending = (
+            self._load(t.ATTRIBUTIONS)
+            .where(~F.col("is_final") & _after("conversion_time", self.w_prev))
+            .select(
+                F.col("conversion_id").alias("event_id"),
+                F.col("conversion_time").alias("event_time"),
+                "user_id",
+                "advertiser_id",
+                "revenue",
             )
-            reopen = reopened(
-                pending, new.where(F.col("event_type") == "click"), lookback_seconds=self.lookback
-            )
-            affected = (
-                new.where(F.col("event_type") == "conversion")
-                .select(*pending.columns)
-                .unionByName(reopen)
-                .dropDuplicates(["event_id"])
-                .persist(StorageLevel.MEMORY_AND_DISK)
-            )
-            found = affected.agg(
-                F.count("*").alias("n"),
-                F.expr("unix_millis(min(event_time))").alias("lo"),
-                F.expr("unix_millis(max(event_time))").alias("hi"),
-            ).first()
-            if found is not None and found.n:
-                span = (int(found.lo), int(found.hi))
-                self.counts["attributions_computed"] = int(found.n)
-                clicks = (
-                    self._load(t.SILVER)
-                    .where(
-                        (F.col("event_type") == "click")
-                        & (
-                            F.col("event_time")
-                            >= F.timestamp_millis(F.lit(span[0]))
-                            - F.expr(f"INTERVAL {self.lookback} SECONDS")
-                        )
-                        & (F.col("event_time") < F.timestamp_millis(F.lit(span[1])))
+        )
+        reopen = reopened(
+            pending, new.where(F.col("event_type") == "click"), lookback_seconds=self.lookback
+        )
+        affected = (
+            new.where(F.col("event_type") == "conversion")
+            .select(*pending.columns)
+            .unionByName(reopen)
+            .dropDuplicates(["event_id"])
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        found = affected.agg(
+            F.count("*").alias("n"),
+            F.expr("unix_millis(min(event_time))").alias("lo"),
+            F.expr("unix_millis(max(event_time))").alias("hi"),
+        ).first()
+        if found is not None and found.n:
+            span = (int(found.lo), int(found.hi))
+            self.counts["attributions_computed"] = int(found.n)
+            clicks = (
+                self._load(t.SILVER)
+                .where(
+                    (F.col("event_type") == "click")
+                    & (
+                        F.col("event_time")
+                        >= F.timestamp_millis(F.lit(span[0]))
+                        - F.expr(f"INTERVAL {self.lookback} SECONDS")
                     )
-                    .join(affected.select("user_id").distinct(), "user_id", "left_semi")
+                    & (F.col("event_time") < F.timestamp_millis(F.lit(span[1])))
                 )
-                recomputed = attribute(affected, clicks, lookback_seconds=self.lookback)
+                .join(affected.select("user_id").distinct(), "user_id", "left_semi")
+            )
+            recomputed = attribute(affected, clicks, lookback_seconds=self.lookback)
         try:
             keys = ("conversion_id",)
             due = self._due(t.ATTRIBUTIONS, "conversion_time")
@@ -253,11 +269,10 @@ class GoldUpdate:
                 )
             )
         finally:
-            if affected is not None:
-                affected.unpersist()
+            affected.unpersist()
         return merge, span
 
-    def _minute_windows(self, span: tuple[int, int] | None) -> DataFrame | None:
+    def _minute_windows(self, span: tuple[int, int]) -> DataFrame:
         """The 1-minute MERGE's rows (before is_final and the stamp): the windows of the span
         recomputed from silver and the attributions, the windows due to be finalised, and the
         span's windows the recomputation no longer produces (their only conversion was
@@ -265,9 +280,6 @@ class GoldUpdate:
         any other (found again, published as a zero update)."""
         keys = ("window_start", "ad_id")
         values = tuple(c for c in t.columns(t.GOLD_1M) if c not in {*keys, *_DERIVED})
-        if span is None:
-            due = self._due(t.GOLD_1M, "window_end")
-            return None if due is None else due.select(*keys, *values)
         lo, hi = _minute(span[0]), _minute(span[1]) + MINUTE_MS
         recomputed = window_metrics(
             self._load(t.SILVER).where(time_between("event_time", lo, hi)),
@@ -385,9 +397,3 @@ def time_between(column: str, lo_ms: int, hi_ms: int) -> Column:
     return (F.col(column) >= F.timestamp_millis(F.lit(lo_ms))) & (
         F.col(column) < F.timestamp_millis(F.lit(hi_ms))
     )
-
-
-def _cover(a: tuple[int, int] | None, b: tuple[int, int] | None) -> tuple[int, int] | None:
-    if a is None or b is None:
-        return a or b
-    return (min(a[0], b[0]), max(a[1], b[1]))
