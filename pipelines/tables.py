@@ -32,6 +32,13 @@ _EVENT = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in event_struct
 # spike in the batch that writes it) every 100 commits instead of every 10. Readers (audit,
 # verify, the start of a run) replay at most 100 small JSON commits.
 _APPEND_ONLY = {"delta.checkpointInterval": "100"}
+# Tables whose rows a MERGE or UPDATE changes in place (the gold tables): deletion vectors. A
+# change then marks the old rows deleted and writes the new ones to a new file, instead of
+# rewriting every file it touches with all their other rows. Without them a gold table stayed
+# one file that every batch copied whole (the soak: rows copied per 1-minute MERGE grew from
+# 990 to 37,990 in 20 minutes, the MERGE from 1.3 to 2.7 s). Readers need Delta's
+# deletionVectors table feature (Spark with Delta 2.3+, delta-rs, DuckDB, Trino).
+_CHANGED_IN_PLACE = {"delta.enableDeletionVectors": "true"}
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,7 @@ TABLES = (
         "window_start timestamp, window_end timestamp, ad_id string, campaign_id string, "
         "advertiser_id string, impressions long, clicks long, spend decimal(24,9), "
         "conversions long, revenue decimal(24,6), is_final boolean, generation int, batch_id long",
+        properties=_CHANGED_IN_PLACE,
     ),
     # One row per conversion; provisional (is_final false) until the watermark passes the
     # conversion time, after which no earlier click can be accepted and the row never changes.
@@ -82,11 +90,13 @@ TABLES = (
         "conversion_id string, conversion_time timestamp, user_id string, advertiser_id string, "
         "revenue decimal(18,6), click_id string, click_time timestamp, ad_id string, "
         "campaign_id string, status string, is_final boolean, generation int, batch_id long",
+        properties=_CHANGED_IN_PLACE,
     ),
     Table(
         CTR_1H,
         "window_start timestamp, window_end timestamp, campaign_id string, impressions long, "
         "clicks long, ctr double, is_final boolean, generation int, batch_id long",
+        properties=_CHANGED_IN_PLACE,
     ),
     # Closed sessions only: a row is written once, when the watermark passes session_end.
     Table(
@@ -124,11 +134,20 @@ def columns(name: str) -> list[str]:
 def create_tables(
     spark: SparkSession, warehouse: str, names: tuple[str, ...] | None = None
 ) -> None:
-    """Creates the tables that do not exist yet (idempotent)."""
+    """Creates the tables that do not exist yet, and gives existing ones the properties they
+    lack (a warehouse made by an earlier version; idempotent: nothing is committed when every
+    property is in place)."""
     from delta.tables import DeltaTable
 
     for t in TABLES:
         if names is not None and t.name not in names:
+            continue
+        path = f"{warehouse}/{t.name}"
+        if DeltaTable.isDeltaTable(spark, path):
+            lacking = {k: v for k, v in t.properties.items() if _property(spark, path, k) != v}
+            if lacking:
+                assignments = ", ".join(f"'{k}' = '{v}'" for k, v in sorted(lacking.items()))
+                spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({assignments})")
             continue
         builder = (
             DeltaTable.createIfNotExists(spark)
@@ -140,3 +159,14 @@ def create_tables(
         for key, value in t.properties.items():
             builder = builder.property(key, value)
         builder.execute()
+
+
+def _property(spark: SparkSession, path: str, key: str) -> str | None:
+    """A table property of the table's latest version, from the Delta log (no Spark job)."""
+    jvm = spark._jvm
+    none = jvm.scala.Option.apply(None)  # type: ignore[union-attr]
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(  # type: ignore[union-attr]
+        spark._jsparkSession, path
+    )
+    found = log.update(False, none, none).metadata().configuration().get(key)
+    return str(found.get()) if found.isDefined() else None

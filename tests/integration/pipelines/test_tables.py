@@ -1,0 +1,38 @@
+"""The job's tables: layout and properties, on real Delta tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from delta.tables import DeltaTable
+
+from pipelines import tables as t
+
+pytestmark = pytest.mark.integration
+
+
+def _properties(spark, path: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    return dict(DeltaTable.forPath(spark, path).detail().first().properties)
+
+
+def test_a_table_made_by_an_earlier_version_gets_the_properties_it_lacks(
+    spark,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    warehouse = str(tmp_path / "warehouse")
+    path = f"{warehouse}/{t.GOLD_1M}"
+    # As create_tables made it before gold tables had deletion vectors.
+    DeltaTable.createIfNotExists(spark).location(path).addColumns(t.schema(t.GOLD_1M)).execute()
+    assert "delta.enableDeletionVectors" not in _properties(spark, path)
+    t.create_tables(spark, warehouse, (t.GOLD_1M, t.BRONZE))
+    assert _properties(spark, path)["delta.enableDeletionVectors"] == "true"
+    # Every property in place: a second call commits nothing, to either table.
+    versions = {
+        n: DeltaTable.forPath(spark, f"{warehouse}/{n}").history(1).first().version
+        for n in (t.GOLD_1M, t.BRONZE)
+    }
+    t.create_tables(spark, warehouse, (t.GOLD_1M, t.BRONZE))
+    for n, v in versions.items():
+        assert DeltaTable.forPath(spark, f"{warehouse}/{n}").history(1).first().version == v, n
+    assert _properties(spark, f"{warehouse}/{t.BRONZE}")["delta.checkpointInterval"] == "100"
