@@ -6,19 +6,27 @@ from pathlib import Path
 
 import pytest
 from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
 
 from pipelines import tables as t
 
 pytestmark = pytest.mark.integration
 
 
-def _properties(spark, path: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    return dict(DeltaTable.forPath(spark, path).detail().first().properties)
+def _properties(spark: SparkSession, path: str) -> dict[str, str]:
+    detail = DeltaTable.forPath(spark, path).detail().first()
+    assert detail is not None
+    return dict(detail.properties)
+
+
+def _version(spark: SparkSession, path: str) -> int:
+    last = DeltaTable.forPath(spark, path).history(1).first()
+    assert last is not None
+    return int(last.version)
 
 
 def test_a_table_made_by_an_earlier_version_gets_the_properties_it_lacks(
-    spark,  # type: ignore[no-untyped-def]
-    tmp_path: Path,
+    spark: SparkSession, tmp_path: Path
 ) -> None:
     warehouse = str(tmp_path / "warehouse")
     path = f"{warehouse}/{t.GOLD_1M}"
@@ -28,11 +36,8 @@ def test_a_table_made_by_an_earlier_version_gets_the_properties_it_lacks(
     t.create_tables(spark, warehouse, (t.GOLD_1M, t.BRONZE))
     assert _properties(spark, path)["delta.enableDeletionVectors"] == "true"
     # Every property in place: a second call commits nothing, to either table.
-    versions = {
-        n: DeltaTable.forPath(spark, f"{warehouse}/{n}").history(1).first().version
-        for n in (t.GOLD_1M, t.BRONZE)
-    }
+    versions = {n: _version(spark, f"{warehouse}/{n}") for n in (t.GOLD_1M, t.BRONZE)}
     t.create_tables(spark, warehouse, (t.GOLD_1M, t.BRONZE))
     for n, v in versions.items():
-        assert DeltaTable.forPath(spark, f"{warehouse}/{n}").history(1).first().version == v, n
+        assert _version(spark, f"{warehouse}/{n}") == v, n
     assert _properties(spark, f"{warehouse}/{t.BRONZE}")["delta.checkpointInterval"] == "100"
