@@ -39,11 +39,12 @@ def _running(proc: subprocess.Popen[bytes]) -> bool:
 @dataclass
 class OnCluster:
     """A cluster drill under way: its stack, the cluster, the traffic not produced yet (the
-    main segment's second half and the late tail) and the running job."""
+    main segment's second half, in ``Traffic.live_slices``, and the late tail) and the running
+    job."""
 
     s: Stack
     cluster: LocalCluster
-    rest: list[tuple[bytes, bytes]]
+    rest: list[list[tuple[bytes, bytes]]]
     tail: list[tuple[bytes, bytes]]
     proc: subprocess.Popen[bytes]
 
@@ -59,7 +60,8 @@ def job_on_cluster(base: Settings, name: str, *, seed: int, events: int) -> Iter
         s.load_dim(traffic)
         half = len(traffic.main) // 2
         s.produce(traffic.main[:half])
-        yield OnCluster(s, cluster, traffic.main[half:], traffic.tail, s.start_job("run"))
+        job = s.start_job("run")
+        yield OnCluster(s, cluster, traffic.live_slices(half), traffic.tail, job)
 
 
 def drill_worker(base: Settings, *, seed: int, events: int) -> int:
@@ -119,8 +121,8 @@ def drill_worker(base: Settings, *, seed: int, events: int) -> int:
             f"replacement worker-{worker} (pid {cluster.worker_pid(worker)}) registered; "
             f"the job has {WORKERS} cores again"
         )
-        s.produce(run.rest)
         done = s.progress()[1]
+        s.produce_live(run.rest, proc, report)
         wait_for(
             lambda: not _running(proc) or s.progress()[1] > done, 300, "a batch on the new worker"
         )
@@ -194,7 +196,7 @@ def drill_broker_cluster(base: Settings, *, seed: int, events: int) -> int:
             + ", ".join(f"p{p}→node {n}" for p, n in sorted(_leaders(s).items()))
             + f" ({NODES - 1} of {NODES} nodes up)"
         )
-        s.produce(run.rest)  # acks=all: two replicas are in sync
+        s.produce_live(run.rest, proc, report)  # acks=all: two replicas are in sync
         wait_for(
             lambda: not _running(proc) or s.progress()[1] >= planned + 2,
             300,

@@ -210,6 +210,27 @@ class Stack:
 
         produce(records, self.kafka, self.settings.input_topic, progress=False)
 
+    def produce_live(
+        self, slices: list[list[tuple[bytes, bytes]]], proc: subprocess.Popen[bytes], report: Report
+    ) -> None:
+        """Produces ``Traffic.live_slices`` to a running job, each once the job has planned a
+        batch that takes the one before, so no reading order makes any of them late; all at
+        once when the job is not running (the next run reads them in order) or has not taken
+        a slice in 300 s (a discrepancy)."""
+        for i, chunk in enumerate(slices):
+            if i and proc.poll() is None:
+                try:
+                    wait_for(
+                        lambda: proc.poll() is not None or self.planned_to_end(),
+                        300,
+                        f"the running job to take slice {i} of {len(slices)}",
+                    )
+                except TimeoutError as exc:
+                    report.fail(str(exc))
+                    self.produce([r for rest in slices[i:] for r in rest])
+                    return
+            self.produce(chunk)
+
     # -- the job -------------------------------------------------------------------------------
     def start_job(self, *args: str, crash_at: str = "") -> subprocess.Popen[bytes]:
         self.runs += 1
@@ -313,19 +334,28 @@ class Stack:
         """Whether the job has committed a batch ending at every input partition's end and
         has none in flight (Spark runs the batch that moves the watermark past the last
         records before it idles; that one is planned, hence in flight, until it commits)."""
+        planned, committed = self.progress()
+        return committed > 0 and planned == committed and self._ends_at_topic_end(committed - 1)
+
+    def planned_to_end(self) -> bool:
+        """Whether the newest batch the job planned ends at every input partition's end: what
+        is produced next is read by later batches, whose watermark that batch's events set."""
+        planned = self.progress()[0]
+        return planned > 0 and self._ends_at_topic_end(planned - 1)
+
+    def _ends_at_topic_end(self, batch: int) -> bool:
         from app.tools.replay import describe_topic
         from pipelines.offset_log import source_offsets
 
-        planned, committed = self.progress()
         checkpoint = self._checkpoint()
-        if checkpoint is None or committed == 0 or planned > committed:
+        if checkpoint is None:
             return False
         topic = self.settings.input_topic
         try:
             ends = {str(p): info.high for p, info in describe_topic(self.kafka, topic).items()}
         except (KafkaException, UserInputError):  # leaders moving (a node died or came back)
             return False
-        return source_offsets(checkpoint, committed - 1).get(topic) == ends
+        return source_offsets(checkpoint, batch).get(topic) == ends
 
     def at_final_watermark(self) -> bool:
         """Whether the last committed batch ran with the truth's final watermark: every
@@ -633,7 +663,7 @@ def drill_broker(base: Settings, *, seed: int, events: int, down_seconds: float)
             report.fail(f"the broker did not come back: {exc}")
             return report.finish()
         report.say("broker restarted")
-        s.produce(traffic.main[half:])
+        s.produce_live(traffic.live_slices(half), proc, report)
         if proc.poll() is None:
             done = committed
             try:

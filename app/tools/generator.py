@@ -100,6 +100,32 @@ class Traffic:
     tail: list[tuple[bytes, bytes]] = field(default_factory=list)
     dim_rows: list[tuple[str, str, str, Decimal, Decimal]] = field(default_factory=list)
     truth: dict[str, Any] = field(default_factory=dict)
+    # Per main record, the event time it moves the job's watermark with (None: it moves none).
+    times: list[datetime | None] = field(default_factory=list)
+    watermark_delay: timedelta = timedelta(0)
+
+    def live_slices(self, start: int) -> list[list[tuple[bytes, bytes]]]:
+        """``main[start:]`` in consecutive slices that no reading order makes late, for a job
+        that runs while they are produced: each slice's oldest event is newer than the newest
+        event up to the slice's end minus the watermark delay. Produced one at a time, each
+        once the job has taken the one before, no record is late even when the job reads one
+        partition's records well before another's (a Kafka node down: the partitions it
+        followed take acks later), which a single send of the whole segment cannot promise:
+        the truth orders lateness by send order, the watermark by what the job read.
+        """
+        newest = max((t for t in self.times[:start] if t is not None), default=None)
+        slices: list[list[tuple[bytes, bytes]]] = [[]]
+        oldest: datetime | None = None  # the current slice's
+        for record, t in zip(self.main[start:], self.times[start:], strict=True):
+            if t is not None:
+                newest = t if newest is None else max(newest, t)
+                if oldest is not None and oldest <= newest - self.watermark_delay:
+                    slices.append([])  # t would let a reading order pass the slice's oldest
+                    oldest = None
+                oldest = t if oldest is None else min(oldest, t)
+            slices[-1].append(record)
+        return [chunk for chunk in slices if chunk]
+        return slices
 
 
 def iso_millis(t: datetime) -> str:
@@ -126,7 +152,8 @@ def dim_for(cfg: GenConfig) -> list[tuple[str, str, str, Decimal, Decimal]]:
 def plan_traffic(cfg: GenConfig) -> Traffic:
     cfg.validate()
     rng = random.Random(cfg.seed)
-    traffic = Traffic(dim_rows=dim_for(cfg))
+    watermark_delay = timedelta(seconds=cfg.watermark_delay_s)
+    traffic = Traffic(dim_rows=dim_for(cfg), watermark_delay=watermark_delay)
     ads = {row[0]: row for row in traffic.dim_rows}
     ad_ids = list(ads)
     users = [f"user-{i:05d}" for i in range(cfg.users)]
@@ -136,7 +163,6 @@ def plan_traffic(cfg: GenConfig) -> Traffic:
     counters = {"duplicates": 0, "seq": 0}
     accepted: list[Accepted] = []
     max_time = BASE_TIME  # the newest event time the job's watermark sees
-    watermark_delay = timedelta(seconds=cfg.watermark_delay_s)
     org_rng = random.Random(cfg.seed * 31 + 5)
     advertisers = sorted({row[2] for row in traffic.dim_rows})
 
@@ -148,8 +174,9 @@ def plan_traffic(cfg: GenConfig) -> Traffic:
         nonlocal max_time
         value = json.dumps(evt, separators=(",", ":")).encode()
         record = (evt["user_id"].encode(), value)
-        traffic.main.append(record)
         t = datetime.strptime(evt["event_time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+        traffic.main.append(record)
+        traffic.times.append(t)
         recent.append((record, t))
         max_time = max(max_time, t)
         ad = ads.get(evt.get("ad_id", ""))
@@ -233,14 +260,17 @@ def plan_traffic(cfg: GenConfig) -> Traffic:
             quarantine[reason] += 1
             if reason == c.UNKNOWN_AD:
                 max_time = max(max_time, now)  # valid JSON: it moves the watermark
+            traffic.times.append(now if reason == c.UNKNOWN_AD else None)
             continue
         # A producer retry (the very same bytes) of a record no watermark can have passed yet,
         # whatever the batch boundaries: in sparse traffic, 200 records span more than the
         # watermark delay, and a retry of the oldest would be late in some runs, not in others.
         if r < cfg.malformed_ratio + cfg.duplicate_ratio and recent:
-            retryable = [rec for rec, t in recent if t > max_time - watermark_delay]
+            retryable = [(rec, t) for rec, t in recent if t > max_time - watermark_delay]
             if retryable:
-                traffic.main.append(rng.choice(retryable))
+                record, t = rng.choice(retryable)
+                traffic.main.append(record)
+                traffic.times.append(t)
                 counters["duplicates"] += 1
                 continue
         at = now - timedelta(milliseconds=rng.randint(0, JITTER_MS))

@@ -128,3 +128,35 @@ def test_a_retry_is_never_behind_any_watermark(step_ms: int) -> None:
         seen.add(value)
         newest = t if newest is None else max(newest, t)
     assert retries == traffic.truth["duplicates"] > 0
+
+
+def test_live_slices_leave_no_reading_order_that_makes_a_record_late() -> None:
+    """A running job may read one partition's share of a send well before another's (a Kafka
+    node down delays the partitions it followed): the second half of a drill's traffic spans
+    more than the watermark delay, so one send could make its oldest records late; each live
+    slice's oldest event is newer than the newest up to its end minus the delay."""
+    from datetime import UTC, datetime, timedelta
+
+    delay = timedelta(seconds=180)
+    cfg = GenConfig(events=600, seed=5, users=300, ads=20, step_ms=1200, watermark_delay_s=180)
+    traffic = plan_traffic(cfg)
+    assert len(traffic.times) == len(traffic.main)
+    for (_, value), t in zip(traffic.main, traffic.times, strict=True):
+        if t is not None:  # the time the generator says moves the watermark is the record's own
+            when = datetime.strptime(json.loads(value)["event_time"], "%Y-%m-%dT%H:%M:%S.%fZ")
+            assert t == when.replace(tzinfo=UTC)
+
+    def safe(start: int, end: int) -> bool:
+        times = [t for t in traffic.times[start:end] if t is not None]
+        newest = max(t for t in traffic.times[:end] if t is not None)
+        return min(times) > newest - delay
+
+    half = len(traffic.main) // 2
+    assert not safe(half, len(traffic.main))  # one send of the second half is not
+    slices = traffic.live_slices(half)
+    assert [r for chunk in slices for r in chunk] == traffic.main[half:]
+    start = half
+    for chunk in slices:
+        assert chunk and safe(start, start + len(chunk))
+        start += len(chunk)
+    assert len(slices) < len(traffic.main[half:]) // 10  # slices, not single records
