@@ -673,19 +673,7 @@ def bench(
         print(
             f"bench: latency at {rate:,} events/s (50% of B3) for {seconds:.0f}s, 1 s trigger ..."
         )
-        env = _run_env(s, "latency", own_input=True)
-        latency = _run_worker(
-            env,
-            s.dir / "latency.json",
-            "latency",
-            "--rate",
-            str(rate),
-            "--seconds",
-            str(seconds),
-            "--slice",
-            str(seconds / 3),
-            log=s.dir / "latency.log",
-        )
+        latency = _latency_run(s, "latency", rate, seconds, seconds / 3)
         fixed = _fixed_cost(s, rounds)
     finally:
         s.down()
@@ -825,19 +813,20 @@ def _soak(s: Any, minutes: float, rate: float | None, *, n: int, batch: int) -> 
         f"slices of {slice_s:.0f}s ...",
         flush=True,
     )
-    result = _run_worker(
-        _run_env(s, "soak", own_input=True),
-        s.dir / "soak.json",
-        "latency",
-        "--rate",
-        str(rate),
-        "--seconds",
-        str(seconds),
-        "--slice",
-        str(slice_s),
-        log=s.dir / "soak.log",
-    )
+    result = _latency_run(s, "soak", rate, seconds, slice_s)
     return {**result, "minutes": minutes, "b3_events_per_s": b3}
+
+
+def _latency_run(s: Any, run: str, rate: float, seconds: float, slice_s: float) -> dict[str, Any]:
+    """The latency worker on its own input topic and tables (``run``): the shipped job fed at
+    ``rate`` events/s for ``seconds``, reported per ``slice_s`` slice."""
+    return _run_worker(
+        _run_env(s, run, own_input=True),
+        s.dir / f"{run}.json",
+        "latency",
+        *("--rate", str(rate), "--seconds", str(seconds), "--slice", str(slice_s)),
+        log=s.dir / f"{run}.log",
+    )
 
 
 def _fixed_cost(s: Any, rounds: int) -> dict[str, Any]:

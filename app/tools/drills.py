@@ -218,18 +218,26 @@ class Stack:
         once when the job is not running (the next run reads them in order) or has not taken
         a slice in 300 s (a discrepancy)."""
         for i, chunk in enumerate(slices):
-            if i and proc.poll() is None:
-                try:
-                    wait_for(
-                        lambda: proc.poll() is not None or self.planned_to_end(),
-                        300,
-                        f"the running job to take slice {i} of {len(slices)}",
-                    )
-                except TimeoutError as exc:
-                    report.fail(str(exc))
-                    self.produce([r for rest in slices[i:] for r in rest])
-                    return
+            what = f"slice {i} of {len(slices)}"
+            running = i > 0 and proc.poll() is None
+            if running and not self._taken(proc, self.planned_to_end, what, report):
+                self.produce([r for rest in slices[i:] for r in rest])
+                return
             self.produce(chunk)
+
+    def _taken(
+        self, proc: subprocess.Popen[bytes], taken: Callable[[], bool], what: str, report: Report
+    ) -> bool:
+        """Waits until the running job has ``taken`` what was produced, or has stopped; after
+        300 s, a discrepancy (False)."""
+        try:
+            wait_for(
+                lambda: proc.poll() is not None or taken(), 300, f"the running job to take {what}"
+            )
+        except TimeoutError as exc:
+            report.fail(str(exc))
+            return False
+        return True
 
     # -- the job -------------------------------------------------------------------------------
     def start_job(self, *args: str, crash_at: str = "") -> subprocess.Popen[bytes]:
@@ -379,14 +387,7 @@ class Stack:
         for what, late in (("the traffic", []), ("the late tail", tail)):
             if late:
                 self.produce(late)
-            try:
-                wait_for(
-                    lambda: proc.poll() is not None or self.caught_up(),
-                    300,
-                    f"the running job to take {what}",
-                )
-            except TimeoutError as exc:
-                report.fail(str(exc))
+            self._taken(proc, self.caught_up, what, report)
             if proc.poll() is not None:
                 report.fail(f"the job stopped ({proc.returncode}): {self.last_error()}")
                 break
