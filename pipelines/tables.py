@@ -32,11 +32,15 @@ _EVENT = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in event_struct
 # spike in the batch that writes it) every 100 commits instead of every 10. Readers (audit,
 # verify, the start of a run) replay at most 100 small JSON commits.
 _APPEND_ONLY = {"delta.checkpointInterval": "100"}
-# Tables whose rows a MERGE or UPDATE changes in place (the gold tables): deletion vectors. A
+# The 1-minute table, whose rows a MERGE changes in place every batch: deletion vectors. A
 # change then marks the old rows deleted and writes the new ones to a new file, instead of
-# rewriting every file it touches with all their other rows. Without them a gold table stayed
-# one file that every batch copied whole (the soak: rows copied per 1-minute MERGE grew from
-# 990 to 37,990 in 20 minutes, the MERGE from 1.3 to 2.7 s). Readers need Delta's
+# rewriting every file it touches with all their other rows. Without them it stayed one file
+# that every batch copied whole (the soak: rows copied per MERGE grew from 990 to 63,990 in 30
+# minutes, its execution from 1.7 to 2.9 s; with them 2.0 to 2.8 s, nothing copied). Not on the
+# attributions and hourly tables: there they cost every batch more than they save in 30 minutes
+# (MERGE execution, first sixth to last: hourly 1.1 -> 2.2 s without, 1.7 -> 2.8 s with;
+# attributions 0.4 -> 1.0 s without, 0.9 -> 1.0 s with; bench --fixed-only: a 1,000-record batch
+# 7.3-7.4 s with them on the 1-minute table only, 8.1-8.3 s on all three). Readers need Delta's
 # deletionVectors table feature (Spark with Delta 2.3+, delta-rs, DuckDB, Trino).
 _CHANGED_IN_PLACE = {"delta.enableDeletionVectors": "true"}
 
@@ -90,13 +94,11 @@ TABLES = (
         "conversion_id string, conversion_time timestamp, user_id string, advertiser_id string, "
         "revenue decimal(18,6), click_id string, click_time timestamp, ad_id string, "
         "campaign_id string, status string, is_final boolean, generation int, batch_id long",
-        properties=_CHANGED_IN_PLACE,
     ),
     Table(
         CTR_1H,
         "window_start timestamp, window_end timestamp, campaign_id string, impressions long, "
         "clicks long, ctr double, is_final boolean, generation int, batch_id long",
-        properties=_CHANGED_IN_PLACE,
     ),
     # Closed sessions only: a row is written once, when the watermark passes session_end.
     Table(

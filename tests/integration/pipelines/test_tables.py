@@ -41,3 +41,7 @@ def test_a_table_made_by_an_earlier_version_gets_the_properties_it_lacks(
     for n, v in versions.items():
         assert _version(spark, f"{warehouse}/{n}") == v, n
     assert _properties(spark, f"{warehouse}/{t.BRONZE}")["delta.checkpointInterval"] == "100"
+    # Deletion vectors on the 1-minute table only: the other gold tables are cheaper without.
+    t.create_tables(spark, warehouse, (t.ATTRIBUTIONS, t.CTR_1H))
+    for n in (t.ATTRIBUTIONS, t.CTR_1H):
+        assert "delta.enableDeletionVectors" not in _properties(spark, f"{warehouse}/{n}"), n
