@@ -125,7 +125,6 @@ class Traffic:
                 oldest = t if oldest is None else min(oldest, t)
             slices[-1].append(record)
         return [chunk for chunk in slices if chunk]
-        return slices
 
 
 def iso_millis(t: datetime) -> str:
