@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -101,6 +102,11 @@ class DimSnapshots:
             self._history, self._latest = _history(self.spark, self.path), latest
         version = _in_force(self._history, as_of_ms)
         if version not in self._frames:
+            # Cached in the JVM, read at once: every batch's join reads the cache. (Rows collected
+            # to Python and made a DataFrame again were a Python RDD, which started Python
+            # workers in every batch's first job.) Evicted or lost with an executor, the cache is
+            # read again from the same pinned version.
             rows = self.spark.read.format("delta").option("versionAsOf", version).load(self.path)
-            self._frames[version] = self.spark.createDataFrame(rows.collect(), rows.schema)
+            rows.persist(StorageLevel.MEMORY_AND_DISK).count()
+            self._frames[version] = rows
         return self._frames[version], version

@@ -9,6 +9,8 @@ against.
 
 from __future__ import annotations
 
+import json
+
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
@@ -37,23 +39,34 @@ def write_ledger(
 ) -> None:
     """Inserts the batch's ledger row (``millis``: its timestamps, epoch ms, by column name),
     keyed by (app id, batch id): a re-executed batch's row is not inserted twice."""
-    offsets = [(tp, p, lo, hi, n) for (tp, p), (lo, hi, n) in sorted(ranges.items())]
-    row = tables.spark.createDataFrame(
-        [
-            (
-                tables.app_id,
-                tables.generation,
-                batch_id,
-                dim_version,
-                offsets,
-                counts,
-                tables.versions,
-                transactional_id,
-                kafka_outcome,
-            )
+    value = {
+        "app_id": tables.app_id,
+        "generation": tables.generation,
+        "batch_id": batch_id,
+        "dim_version": dim_version,
+        "offsets": [
+            {
+                "kafka_topic": tp,
+                "kafka_partition": p,
+                "from_offset": lo,
+                "to_offset": hi,
+                "records": n,
+            }
+            for (tp, p), (lo, hi, n) in sorted(ranges.items())
         ],
-        SCHEMA,
-    ).withColumns({k: F.timestamp_millis(F.lit(v)) for k, v in millis.items()})
+        "counts": counts,
+        "delta_versions": tables.versions,
+        "kafka_transactional_id": transactional_id,
+        "kafka_outcome": kafka_outcome,
+    }
+    # One row made in the JVM from a JSON literal: a DataFrame of Python rows is a Python RDD,
+    # which would start Python workers for every batch's ledger write.
+    row = (
+        tables.spark.range(1)
+        .select(F.from_json(F.lit(json.dumps(value)), SCHEMA, {"mode": "FAILFAST"}).alias("r"))
+        .select("r.*")
+        .withColumns({k: F.timestamp_millis(F.lit(v)) for k, v in millis.items()})
+    )
     tables.insert_new(
         t.LEDGER,
         row.select(*t.columns(t.LEDGER)),

@@ -37,11 +37,11 @@ def ledger_of(tables: Tables, batch_id: int, *, fresh: bool) -> None:
     write_ledger(
         tables,
         batch_id,
-        dim_version=0,
-        ranges={("ad-events", 0): [10, 19, 10]},
-        counts={"read": 10, "accepted": 10},
-        transactional_id=None,
-        kafka_outcome="disabled",
+        dim_version=3,
+        ranges={("ad-events", 0): [10, 19, 10], ("ad-events", 1): [2**40, 2**40 + 1, 2]},
+        counts={"read": 12, "accepted": 12},
+        transactional_id="tx-1",
+        kafka_outcome="committed",
         millis={k: T0_MS for k in ("batch_timestamp", "watermark", "started_at", "finished_at")},
         fresh=fresh,
     )
@@ -84,11 +84,26 @@ def test_the_ledger_row_is_written_once_per_app_id_and_batch(
     ledger_of(Tables(spark, wh, "app-b", 2), 0, fresh=False)  # a replay's batch 0
     got = tables.load(t.LEDGER).orderBy("app_id").collect()
     assert [(r.app_id, r.batch_id) for r in got] == [("app-a", 0), ("app-b", 0)]
-    first = got[0]
-    assert first.delta_versions == {t.SILVER: 4}
-    assert first.counts == {"read": 10, "accepted": 10}
-    assert [tuple(o) for o in first.offsets] == [("ad-events", 0, 10, 19, 10)]
-    assert first.watermark == T0
+    first = got[0].asDict()
+    assert first == {
+        "app_id": "app-a",
+        "generation": 1,
+        "batch_id": 0,
+        "batch_timestamp": T0,
+        "watermark": T0,
+        "dim_version": 3,
+        "offsets": first["offsets"],
+        "counts": {"read": 12, "accepted": 12},
+        "delta_versions": {t.SILVER: 4},
+        "kafka_transactional_id": "tx-1",
+        "kafka_outcome": "committed",
+        "started_at": T0,
+        "finished_at": T0,
+    }
+    assert [tuple(o) for o in first["offsets"]] == [
+        ("ad-events", 0, 10, 19, 10),
+        ("ad-events", 1, 2**40, 2**40 + 1, 2),
+    ]
 
 
 def test_a_session_is_closed_once_by_the_batch_whose_watermark_passes_its_end(
