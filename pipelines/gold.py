@@ -9,7 +9,7 @@ incremented, a replayed or re-executed batch recomputes the same values instead 
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from pipelines.transforms import AD_EVENT_TYPES
@@ -169,6 +169,18 @@ def campaign_ctr(metrics_1m: DataFrame) -> DataFrame:
     )
 
 
+SESSION_COLUMNS = (
+    "session_start",
+    "session_end",
+    "user_id",
+    "events",
+    "impressions",
+    "clicks",
+    "conversions",
+    "revenue",
+)
+
+
 def user_sessions(events: DataFrame, *, gap_seconds: int) -> DataFrame:
     """Session windows per user (Spark's ``session_window``): an event at most ``gap`` after
     the previous one extends the session, which ends ``gap`` after its last event. Counts per
@@ -190,16 +202,51 @@ def user_sessions(events: DataFrame, *, gap_seconds: int) -> DataFrame:
             F.count(F.when(kind == "conversion", 1)).alias("conversions"),
             F.coalesce(F.sum("revenue"), F.lit(0)).cast("decimal(24,6)").alias("revenue"),
         )
-        .select(
-            "session_start",
-            "session_end",
-            "user_id",
-            "events",
-            "impressions",
-            "clicks",
-            "conversions",
-            "revenue",
+        .select(*SESSION_COLUMNS)
+    )
+
+
+def folded_sessions(
+    sessions: DataFrame | None, events: DataFrame, *, gap_seconds: int
+) -> DataFrame:
+    """``sessions`` (``user_sessions`` rows of some events) with more ``events`` added: the
+    rows ``user_sessions`` returns for both sets of events together, without their events.
+
+    A session is an interval ``[start, end)`` and an event one of length ``gap``. Sorted by start
+    within a user, a piece joins the session before it when it starts at or before the latest
+    end so far (Spark's rule: an event exactly at a session's end extends it), so an event can
+    extend a session either way or join two into one. Counts and revenue add up (revenue is
+    never negative in silver, so a partial sum fits wherever the whole does)."""
+    kind = F.col("event_type")
+    pieces = events.select(
+        F.col("event_time").alias("session_start"),
+        (F.col("event_time") + _seconds(gap_seconds)).alias("session_end"),
+        "user_id",
+        F.lit(1).cast("long").alias("events"),
+        (kind == "impression").cast("long").alias("impressions"),
+        (kind == "click").cast("long").alias("clicks"),
+        (kind == "conversion").cast("long").alias("conversions"),
+        F.coalesce(F.col("revenue"), F.lit(0)).cast("decimal(24,6)").alias("revenue"),
+    )
+    if sessions is not None:
+        pieces = sessions.select(*SESSION_COLUMNS).unionByName(pieces)
+    ordered = Window.partitionBy("user_id").orderBy("session_start", "session_end")
+    reach = F.max("session_end").over(ordered.rowsBetween(Window.unboundedPreceding, -1))
+    opens = (reach.isNull() | (F.col("session_start") > reach)).cast("long")
+    return (
+        pieces.withColumn("_opens", opens)
+        .withColumn(
+            "_session",
+            F.sum("_opens").over(ordered.rowsBetween(Window.unboundedPreceding, 0)),
         )
+        .groupBy("user_id", "_session")
+        .agg(
+            F.min("session_start").alias("session_start"),
+            F.max("session_end").alias("session_end"),
+            *[F.sum(c).cast("long").alias(c) for c in SESSION_COLUMNS[3:7]],
+            F.sum("revenue").cast("decimal(24,6)").alias("revenue"),
+        )
+        .select(*SESSION_COLUMNS)
     )
 
 

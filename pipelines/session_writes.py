@@ -4,89 +4,178 @@ No event at or behind the watermark can be accepted any more, so a session that 
 (previous watermark, this watermark] is complete in silver and can never change: the batch
 writes it (an append when the high-water marks allow, else a MERGE on user and start within that
 interval, with Delta's txn ids) and no later batch touches it.
+
+Where the closing sessions come from:
+
+- When every event the batch accepts is new to silver (silver holds only this generation's
+  events) and later than the batch's watermark, the sessions still open are carried from batch
+  to batch (``pipelines.open_sessions``): the batch folds its accepted events into those of the
+  batch before and closes the ones its watermark passed. Such an event cannot reach a session
+  that closed before it: that session ended at or before the watermark the event is later than.
+- Otherwise (a replay, a generation that shares silver with another), they are recomputed from
+  silver, as is the carried state when the batch before left none that matches the offset log.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pyspark import StorageLevel
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
 from pipelines.delta_writes import Tables
-from pipelines.gold import user_sessions
+from pipelines.gold import folded_sessions, user_sessions
 from pipelines.gold_writes import time_between
+from pipelines.offset_log import BatchMeta
+from pipelines.open_sessions import Marker, OpenSessionStore
 
 
-def close_sessions(
-    tables: Tables,
-    spark: SparkSession,
-    batch_id: int,
-    *,
-    w_prev: int,
-    w_cur: int,
-    gap_seconds: int,
-    counts: dict[str, int],
-    fresh: bool,
-) -> None:
-    """Writes every session ending in (w_prev, w_cur] and counts them (``sessions_closed``).
+@dataclass(frozen=True)
+class SessionCloser:
+    """Closes the sessions of one batch (``__call__``), in a Spark session of its own
+    (``spark``): a MERGE takes its Delta txn ids from its session's confs, and this runs beside
+    the attribution chain."""
 
-    Their last event lies in (w_prev - gap, w_cur - gap]: those users are the candidates. Their
-    events are read back from a bounded horizon, widened only while a closing session starts
-    within one gap of the horizon (an earlier event might still belong to it).
+    tables: Tables
+    spark: SparkSession
+    store: OpenSessionStore
+    gap_seconds: int
 
-    Runs beside the attribution chain in a Spark session of its own (``spark``): a MERGE takes
-    its Delta txn ids from its session's confs."""
-    gap_ms = gap_seconds * 1000
-    silver = tables.load(t.SILVER, spark).select("user_id", "event_type", "event_time", "revenue")
-    candidates = (
-        silver.where(
-            (F.col("event_time") > F.timestamp_millis(F.lit(w_prev - gap_ms)))
-            & (F.col("event_time") <= F.timestamp_millis(F.lit(w_cur - gap_ms)))
+    def __call__(
+        self,
+        batch_id: int,
+        *,
+        meta: BatchMeta,
+        previous: BatchMeta | None,
+        events: DataFrame | None,
+        carried: bool,
+        counts: dict[str, int],
+        fresh: bool,
+    ) -> None:
+        """``events``: the batch's accepted events (None: none); ``carried``: whether the open
+        sessions may be carried over (the first case of the module docstring)."""
+        w_prev = previous.watermark_ms if previous is not None else 0
+        w_cur = meta.watermark_ms
+        if not carried:
+            if w_cur > w_prev:
+                closed = sessions_from_silver(
+                    self.tables,
+                    self.spark,
+                    after_ms=w_prev,
+                    until_ms=w_cur,
+                    gap_seconds=self.gap_seconds,
+                )
+                try:
+                    self._write(closed, batch_id, w_prev, w_cur, counts, fresh)
+                finally:
+                    closed.unpersist()
+            return
+        before = (
+            self.store.marker(batch_id - 1, previous, self.gap_seconds)
+            if previous is not None
+            else Marker(-1, 0, 0, self.gap_seconds, None)  # before a generation's first batch
         )
-        .select("user_id")
-        .distinct()
-    )
-    reach = max(4 * gap_ms, w_cur - w_prev)
-    horizon = w_prev - gap_ms - reach
-    earliest: int | None = None
-    while True:
-        closed = (
-            user_sessions(
-                silver.where(time_between("event_time", horizon, w_cur)).join(
-                    candidates, "user_id", "left_semi"
-                ),
-                gap_seconds=gap_seconds,
+        data: str | None
+        if before is None:  # no state to carry: silver, which holds this batch's events
+            rebuilt = sessions_from_silver(
+                self.tables,
+                self.spark,
+                after_ms=w_prev,
+                until_ms=None,
+                gap_seconds=self.gap_seconds,
             )
-            .where(
-                (F.col("session_end") > F.timestamp_millis(F.lit(w_prev)))
-                & (F.col("session_end") <= F.timestamp_millis(F.lit(w_cur)))
+            try:
+                data = self.store.write_data(rebuilt)
+            finally:
+                rebuilt.unpersist()
+        elif events is not None:
+            data = self.store.write_data(
+                folded_sessions(
+                    self.store.sessions(before, ending_after_ms=w_prev),
+                    events,
+                    gap_seconds=self.gap_seconds,
+                )
             )
-            .persist(StorageLevel.MEMORY_AND_DISK)
-        )
-        cut = closed.where(F.col("session_start") < F.timestamp_millis(F.lit(horizon + gap_ms)))
-        if cut.isEmpty():
-            break
-        if earliest is None:
-            first = silver.agg(F.expr("unix_millis(min(event_time))")).first()
-            earliest = int(first[0]) if first and first[0] is not None else horizon
-        if horizon <= earliest:
-            break
-        closed.unpersist()
-        horizon -= reach
-        reach *= 2
-    try:
+        else:
+            data = before.data
+        marker = Marker(batch_id, w_cur, meta.timestamp_ms, self.gap_seconds, data)
+        self.store.commit(marker)
+        if w_cur > w_prev:
+            open_before = self.store.sessions(marker, ending_after_ms=w_prev)
+            if open_before is not None:
+                closed = open_before.where(F.col("session_end") <= F.timestamp_millis(F.lit(w_cur)))
+                self._write(closed, batch_id, w_prev, w_cur, counts, fresh)
+
+    def _write(
+        self,
+        closed: DataFrame,
+        batch_id: int,
+        w_prev: int,
+        w_cur: int,
+        counts: dict[str, int],
+        fresh: bool,
+    ) -> None:
         counts["sessions_closed"] = closed.count()
         if counts["sessions_closed"]:  # nothing closed: nothing to write, on any execution
-            tables.insert_new(
+            self.tables.insert_new(
                 t.SESSIONS,
-                tables.stamped(closed, batch_id),
+                self.tables.stamped(closed, batch_id),
                 "t.user_id = s.user_id AND t.session_start = s.session_start "
                 f"AND t.session_end > timestamp_millis({w_prev}) "
                 f"AND t.session_end <= timestamp_millis({w_cur})",
                 batch_id,
                 fresh=fresh,
-                spark=spark,
+                spark=self.spark,
             )
-    finally:
-        closed.unpersist()
+
+
+def sessions_from_silver(
+    tables: Tables,
+    spark: SparkSession,
+    *,
+    after_ms: int,
+    until_ms: int | None,
+    gap_seconds: int,
+) -> DataFrame:
+    """The sessions of silver's events that end in ``(after, until]`` (no upper bound: None),
+    persisted (the caller unpersists).
+
+    Their last event lies in (after - gap, until - gap]: those users are the candidates. Their
+    events are read back from a bounded horizon, widened only while a session found starts
+    within one gap of the horizon (an earlier event might still belong to it)."""
+    gap_ms = gap_seconds * 1000
+    silver = tables.load(t.SILVER, spark).select("user_id", "event_type", "event_time", "revenue")
+    ends = F.col("session_end") > F.timestamp_millis(F.lit(after_ms))
+    last = F.col("event_time") > F.timestamp_millis(F.lit(after_ms - gap_ms))
+    if until_ms is not None:
+        ends &= F.col("session_end") <= F.timestamp_millis(F.lit(until_ms))
+        last &= F.col("event_time") <= F.timestamp_millis(F.lit(until_ms - gap_ms))
+    candidates = silver.where(last).select("user_id").distinct()
+    reach = max(4 * gap_ms, (until_ms or after_ms) - after_ms)
+    horizon = after_ms - gap_ms - reach
+    earliest: int | None = None
+    while True:
+        read = F.col("event_time") >= F.timestamp_millis(F.lit(horizon))
+        if until_ms is not None:
+            read = time_between("event_time", horizon, until_ms)
+        found = (
+            user_sessions(
+                silver.where(read).join(candidates, "user_id", "left_semi"),
+                gap_seconds=gap_seconds,
+            )
+            .where(ends)
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        cut = found.where(F.col("session_start") < F.timestamp_millis(F.lit(horizon + gap_ms)))
+        if cut.isEmpty():
+            return found
+        if earliest is None:
+            first = silver.agg(F.expr("unix_millis(min(event_time))")).first()
+            earliest = int(first[0]) if first and first[0] is not None else horizon
+        if horizon <= earliest:
+            return found
+        found.unpersist()
+        horizon -= reach
+        reach *= 2

@@ -41,6 +41,7 @@ from pipelines.gold_writes import GoldUpdate
 from pipelines.high_water import HighWater, read_high_water
 from pipelines.ledger import write_ledger
 from pipelines.offset_log import BatchMeta, read_batch_meta
+from pipelines.open_sessions import OpenSessionStore
 from pipelines.publish import Publisher
 from pipelines.published_rows import changed_records
 from pipelines.record_writes import (
@@ -50,9 +51,9 @@ from pipelines.record_writes import (
     record_writes,
 )
 from pipelines.report import BatchReport
-from pipelines.session_writes import close_sessions
+from pipelines.session_writes import SessionCloser
 from pipelines.timing import StepTimer
-from pipelines.transforms import classify, enrich
+from pipelines.transforms import ACCEPTED, classify, enrich
 from schemas.ad_metrics import PUBLISHED
 
 log = logging.getLogger("adattr.sink")
@@ -97,6 +98,12 @@ class AttributionSink:
         # Closed sessions are computed and written beside the attribution chain, in a session
         # of their own: a MERGE takes its Delta txn ids from its session's confs.
         self.side = spark.newSession()
+        self.sessions = SessionCloser(
+            self.tables,
+            self.side,
+            OpenSessionStore(self.side, ctx.checkpoint),
+            ctx.session_gap_seconds,
+        )
         # Gold tables finalised at once (a batch without accepted events), one session each.
         self.gold_sessions = (spark.newSession(), spark.newSession())
 
@@ -230,18 +237,21 @@ class AttributionSink:
                     lambda: gold_update.run(rows if span is not None else None, span),
                 )
             )
-        if gold_update.advanced:
+        # The open sessions are carried over when every accepted event is new to silver (silver
+        # holds this generation's events only) and later than the watermark.
+        carried = hw.silver_exclusive and (span is None or span[0] > meta.watermark_ms)
+        if carried or gold_update.advanced:
+            accepted = rows.where(F.col("outcome") == ACCEPTED) if span is not None else None
             gold.append(
                 self.timer.timed(
                     t.SESSIONS,
                     partial(
-                        close_sessions,
-                        self.tables,
-                        self.side,
+                        self.sessions,
                         batch_id,
-                        w_prev=w_prev,
-                        w_cur=meta.watermark_ms,
-                        gap_seconds=self.ctx.session_gap_seconds,
+                        meta=meta,
+                        previous=previous,
+                        events=accepted,
+                        carried=carried,
                         counts=counts,
                         fresh=hw.sessions_fresh(w_prev),
                     ),

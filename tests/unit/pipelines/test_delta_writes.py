@@ -15,8 +15,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pipelines import tables as t
 from pipelines.delta_writes import Tables, table_version
 from pipelines.ledger import write_ledger
+from pipelines.offset_log import BatchMeta
+from pipelines.open_sessions import OpenSessionStore
 from pipelines.published_rows import changed_records
-from pipelines.session_writes import close_sessions
+from pipelines.session_writes import SessionCloser
 
 T0 = datetime(2026, 11, 20, 10, 0)  # the session time zone is UTC
 T0_MS = int((T0 - datetime(1970, 1, 1)).total_seconds() * 1000)
@@ -106,18 +108,12 @@ def test_the_ledger_row_is_written_once_per_app_id_and_batch(
     ]
 
 
-def test_a_session_is_closed_once_by_the_batch_whose_watermark_passes_its_end(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    wh = warehouse(spark, tmp_path, t.SILVER, t.SESSIONS)
-    tables = Tables(spark, wh, "app-a", 1)
-    minute = timedelta(minutes=1)
-    events = [
-        ("e1", "impression", T0, "u1"),
-        ("e2", "click", T0 + minute, "u1"),
-        ("e3", "impression", T0 + 10 * minute, "u2"),  # still open at the watermark
-    ]
-    silver = rows(
+MINUTE = timedelta(minutes=1)
+GAP_S = 5 * 60
+
+
+def silver_events(spark: SparkSession, *events: tuple[str, str, datetime, str]) -> DataFrame:
+    return rows(
         spark,
         t.SILVER,
         *[
@@ -125,27 +121,93 @@ def test_a_session_is_closed_once_by_the_batch_whose_watermark_passes_its_end(
             for i, k, at, u in events
         ],
     )
-    silver.write.format("delta").mode("append").save(tables.path(t.SILVER))
-    gap_ms = 5 * 60_000
+
+
+def session_closer(spark: SparkSession, tmp_path: Path) -> SessionCloser:
+    wh = warehouse(spark, tmp_path / "wh", t.SILVER, t.SESSIONS)
+    side = spark.newSession()
+    return SessionCloser(
+        Tables(spark, wh, "app-a", 1), side, OpenSessionStore(side, tmp_path / "cp"), GAP_S
+    )
+
+
+def closed_sessions(closer: SessionCloser) -> list[tuple[Any, ...]]:
+    got = closer.tables.load(t.SESSIONS).orderBy("user_id", "session_start").collect()
+    return [(r.user_id, r.session_start, r.session_end, r.events, r.batch_id) for r in got]
+
+
+def test_a_session_is_closed_once_by_the_batch_whose_watermark_passes_its_end(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Recomputed from silver (the open sessions not carried over): once, on any execution."""
+    closer = session_closer(spark, tmp_path)
+    silver_events(
+        spark,
+        ("e1", "impression", T0, "u1"),
+        ("e2", "click", T0 + MINUTE, "u1"),
+        ("e3", "impression", T0 + 10 * MINUTE, "u2"),  # still open at the watermark
+    ).write.format("delta").mode("append").save(closer.tables.path(t.SILVER))
     w_cur = T0_MS + 8 * 60_000  # u1's session ends at T0 + 6 min; u2's at T0 + 15 min
     for fresh in (True, False):  # the batch, then its re-execution
         counts: dict[str, int] = {}
-        close_sessions(
-            tables,
-            spark.newSession(),
+        closer(
             7,
-            w_prev=T0_MS,
-            w_cur=w_cur,
-            gap_seconds=gap_ms // 1000,
+            meta=BatchMeta(w_cur, T0_MS),
+            previous=BatchMeta(T0_MS, T0_MS),
+            events=None,
+            carried=False,
             counts=counts,
             fresh=fresh,
         )
         assert counts == {"sessions_closed": 1}
-    got = tables.load(t.SESSIONS).collect()
-    assert [(r.user_id, r.session_start, r.session_end, r.events, r.clicks) for r in got] == [
-        ("u1", T0, T0 + 6 * minute, 2, 1)
-    ]
-    assert (got[0].generation, got[0].batch_id) == (1, 7)
+    assert closed_sessions(closer) == [("u1", T0, T0 + 6 * MINUTE, 2, 7)]
+    assert not (tmp_path / "cp").exists()  # nothing carried
+
+
+def test_open_sessions_are_carried_from_batch_to_batch_and_rebuilt_when_unusable(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    closer = session_closer(spark, tmp_path)
+    first = silver_events(
+        spark,
+        ("e1", "impression", T0, "u1"),
+        ("e2", "impression", T0 + 10 * MINUTE, "u2"),
+    )
+    second = silver_events(spark, ("e3", "click", T0 + MINUTE, "u1"))
+    metas = [BatchMeta(0, T0_MS), BatchMeta(T0_MS, T0_MS + 1), BatchMeta(T0_MS + 8 * 60_000, 2)]
+
+    def batch(batch_id: int, events: DataFrame | None, *, fresh: bool = True) -> dict[str, int]:
+        if events is not None:  # what the sink's silver write does first
+            events.write.format("delta").mode("append").save(closer.tables.path(t.SILVER))
+        counts: dict[str, int] = {}
+        closer(
+            batch_id,
+            meta=metas[batch_id],
+            previous=metas[batch_id - 1] if batch_id else None,
+            events=events,
+            carried=True,
+            counts=counts,
+            fresh=fresh,
+        )
+        return counts
+
+    assert batch(0, first) == {}  # the watermark did not move
+    assert batch(1, second) == {"sessions_closed": 0}
+    assert batch(2, None) == {"sessions_closed": 1}
+    assert batch(2, None, fresh=False) == {"sessions_closed": 1}  # a re-execution
+    assert closed_sessions(closer) == [("u1", T0, T0 + 6 * MINUTE, 2, 2)]
+    store = closer.store
+    assert sorted(p.name for p in store.root.glob("*.json")) == ["1.json", "2.json"]
+    assert len(list(store.root.glob("data-*"))) == 1  # batch 2 added no event: 1's data
+    # A marker the offset log does not describe (a rewound checkpoint ran batch 2 otherwise)
+    # is not used: batch 3 recomputes the open sessions from silver.
+    metas[2] = BatchMeta(T0_MS + 8 * 60_000, 99)
+    metas.append(BatchMeta(T0_MS + 16 * 60_000, 3))
+    assert store.marker(2, metas[2], GAP_S) is None
+    assert store.marker(1, metas[1], GAP_S + 1) is None  # nor one of another session gap
+    assert store.marker(1, metas[1], GAP_S) is not None
+    assert batch(3, None) == {"sessions_closed": 1}
+    assert closed_sessions(closer)[1] == ("u2", T0 + 10 * MINUTE, T0 + 15 * MINUTE, 1, 3)
 
 
 def test_changed_records_are_the_batchs_stamped_rows_with_deterministic_ids(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -11,8 +12,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.gold import (
+    SESSION_COLUMNS,
     attribute,
     campaign_ctr,
+    folded_sessions,
     recomputed_or_current,
     reopened,
     user_sessions,
@@ -254,6 +257,43 @@ def test_a_filter_on_session_bounds_applies_to_whole_sessions(spark: SparkSessio
     assert ending_early == []
     (whole,) = sessions.where(sessions.session_end <= at(13)).collect()
     assert (whole.session_start, whole.session_end, whole.events) == (at(0), at(13), 3)
+
+
+def test_folding_events_into_sessions_gives_the_sessions_of_all_events(
+    spark: SparkSession,
+) -> None:
+    """The open sessions the sink carries: sessions of some events, with more events folded
+    in, batch after batch, are the sessions of all of them. The cases: an event that extends
+    a session forwards, one before its start, one bridging two sessions into one, one exactly at
+    a session's end (Spark's rule: same session) and one a millisecond past it (a new one)."""
+    gap = 5 * 60
+    ms = 1 / 60_000
+    batches = [
+        [impression("a", 0), click("b", 3), impression("c", 17), impression("x", 0, user="u2")],
+        # d exactly at the end of a-b's session; e before its start
+        [impression("d", 8), conversion("e", -4, revenue="2.5")],
+        # g joins d's session and c's (which starts exactly at g's end); h 1 ms past c's end
+        [impression("g", 12), conversion("h", 22 + ms, revenue="1.25")],
+    ]
+    rng = random.Random(7)  # and many events of a few users, in a random order
+    shuffled = [
+        impression(f"r{i}", rng.randrange(0, 600) / 10, user=f"v{i % 4}") for i in range(120)
+    ]
+    batches += [shuffled[i::3] for i in range(3)]
+    folded: DataFrame | None = None
+    seen: list[tuple[Any, ...]] = []
+    for batch in batches:
+        folded = folded_sessions(folded, frame(spark, batch), gap_seconds=gap)
+        seen += batch
+        want = user_sessions(frame(spark, seen), gap_seconds=gap)
+        assert sorted(folded.collect()) == sorted(want.collect())
+        folded = spark.createDataFrame(folded.collect(), folded.schema)  # cut the plan
+    assert folded is not None and folded.columns == list(SESSION_COLUMNS)
+    u1 = folded.where("user_id = 'u1'").orderBy("session_start").collect()
+    assert [(r.session_start, r.session_end, r.events, r.revenue) for r in u1] == [
+        (at(-4), at(22), 6, Decimal("2.500000")),
+        (at(22 + ms), at(27 + ms), 1, Decimal("1.250000")),
+    ]
 
 
 WINDOWS = "window_start timestamp, ad_id string, clicks long, is_final boolean"

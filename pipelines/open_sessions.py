@@ -1,0 +1,111 @@
+"""Open user sessions, carried from one micro-batch to the next beside the checkpoint.
+
+A session closes once the watermark passes its end, and it may have started long before (a user
+active all day has one session all day). Recomputing a closing session from silver means reading
+silver back to its start, in every batch that closes one; so the job keeps, per batch, the
+sessions of its checkpoint generation's accepted events that the batch's watermark has not
+closed, and folds each batch's accepted events into them (``gold.folded_sessions``).
+
+Layout under ``<checkpoint>/open_sessions``: folders of Parquet data written by Spark (session
+rows, never changed once written) and one small JSON *marker* per batch, written atomically after
+its data: ``{"batch_id", "watermark_ms", "timestamp_ms", "gap_seconds", "data"}``. The sessions
+open after batch ``b`` are the rows of ``data`` that end after the marker's watermark; a batch
+that adds no event writes only a marker that points at the data before it. A batch reads the
+marker of the batch before it, and trusts it only when its watermark and timestamp are those
+Spark's offset log holds for that batch, with the session gap in force: a marker of a batch that
+ran differently (a rewound checkpoint) or under another gap (a restart that changed it) is not
+used.
+
+The data is the state of one checkpoint generation: it lives in that generation's checkpoint
+folder and is only a cache. A batch that finds no usable marker recomputes the sessions from
+silver, and one that cannot prove its accepted events are all new to silver keeps no state at all
+(``pipelines.session_writes``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.offset_log import BatchMeta
+
+ROOT = "open_sessions"
+SCHEMA = (
+    "session_start timestamp, session_end timestamp, user_id string, events long, "
+    "impressions long, clicks long, conversions long, revenue decimal(24,6)"
+)
+# Markers kept: the batch before the last (which its re-execution reads) and the last.
+KEPT = 2
+
+
+@dataclass(frozen=True)
+class Marker:
+    batch_id: int
+    watermark_ms: int
+    timestamp_ms: int
+    gap_seconds: int
+    data: str | None  # a folder under the root; None: no session open
+
+
+class OpenSessionStore:
+    def __init__(self, spark: SparkSession, checkpoint: Path) -> None:
+        self.spark = spark
+        self.root = checkpoint / ROOT
+
+    def marker(self, batch_id: int, meta: BatchMeta, gap_seconds: int) -> Marker | None:
+        """The marker of ``batch_id`` if it was written by the batch the offset log describes
+        (``meta``) with this session gap (a restart may change it), else None."""
+        try:
+            raw = json.loads((self.root / f"{batch_id}.json").read_text())
+        except FileNotFoundError:
+            return None
+        wanted = Marker(
+            batch_id, meta.watermark_ms, meta.timestamp_ms, gap_seconds, raw.get("data")
+        )
+        return wanted if raw == asdict(wanted) else None
+
+    def sessions(self, marker: Marker, *, ending_after_ms: int) -> DataFrame | None:
+        """The sessions of ``marker``'s data that end after ``ending_after_ms``; None when it has
+        no data."""
+        if marker.data is None:
+            return None
+        rows = self.spark.read.schema(SCHEMA).parquet(str(self.root / marker.data))
+        return rows.where(F.col("session_end") > F.timestamp_millis(F.lit(ending_after_ms)))
+
+    def write_data(self, sessions: DataFrame) -> str:
+        """Writes session rows to a new folder and returns its name. A folder is never
+        rewritten: a re-executed batch writes a new one, and the marker says which is current."""
+        name = f"data-{uuid.uuid4().hex}"
+        sessions.write.parquet(str(self.root / name))
+        return name
+
+    def commit(self, marker: Marker) -> None:
+        """Writes ``marker`` atomically, then drops markers and data no longer needed."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / f"{marker.batch_id}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(marker)))
+        os.replace(tmp, path)
+        self._clean(marker.batch_id)
+
+    def _clean(self, batch_id: int) -> None:
+        """Keeps the markers of ``batch_id`` and the batch before it and the data they point at.
+        Any other marker is an older batch's or one of a history the checkpoint no longer
+        has (a marker above ``batch_id``), and other data belongs to no marker kept."""
+        keep = {batch_id - i for i in range(KEPT)}
+        used: set[str] = set()
+        for path in self.root.glob("*.json"):
+            if path.stem.isdigit() and int(path.stem) in keep:
+                used.add(json.loads(path.read_text()).get("data") or "")
+            else:
+                path.unlink(missing_ok=True)
+        for folder in self.root.glob("data-*"):
+            if folder.name not in used:
+                shutil.rmtree(folder, ignore_errors=True)
