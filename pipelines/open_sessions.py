@@ -61,15 +61,18 @@ class OpenSessionStore:
 
     def marker(self, batch_id: int, meta: BatchMeta, gap_seconds: int) -> Marker | None:
         """The marker of ``batch_id`` if it was written by the batch the offset log describes
-        (``meta``) with this session gap (a restart may change it), else None."""
+        (``meta``) with this session gap (a restart may change it) and its data is whole, else
+        None."""
         try:
             raw = json.loads((self.root / f"{batch_id}.json").read_text())
         except FileNotFoundError:
             return None
-        wanted = Marker(
-            batch_id, meta.watermark_ms, meta.timestamp_ms, gap_seconds, raw.get("data")
-        )
-        return wanted if raw == asdict(wanted) else None
+        data = raw.get("data")
+        wanted = Marker(batch_id, meta.watermark_ms, meta.timestamp_ms, gap_seconds, data)
+        if raw != asdict(wanted):
+            return None
+        # Spark writes _SUCCESS once every file of the folder is in place.
+        return wanted if data is None or (self.root / data / "_SUCCESS").is_file() else None
 
     def sessions(self, marker: Marker, *, ending_after_ms: int) -> DataFrame | None:
         """The sessions of ``marker``'s data that end after ``ending_after_ms``; None when it has

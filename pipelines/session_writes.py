@@ -104,9 +104,11 @@ class SessionCloser:
         self.store.commit(marker)
         if w_cur > w_prev:
             open_before = self.store.sessions(marker, ending_after_ms=w_prev)
-            if open_before is not None:
-                closed = open_before.where(F.col("session_end") <= F.timestamp_millis(F.lit(w_cur)))
-                self._write(closed, batch_id, w_prev, w_cur, counts, fresh)
+            if open_before is None:  # no session open
+                counts["sessions_closed"] = 0
+                return
+            closed = open_before.where(F.col("session_end") <= F.timestamp_millis(F.lit(w_cur)))
+            self._write(closed, batch_id, w_prev, w_cur, counts, fresh)
 
     def _write(
         self,

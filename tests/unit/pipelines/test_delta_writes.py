@@ -205,7 +205,10 @@ def test_open_sessions_are_carried_from_batch_to_batch_and_rebuilt_when_unusable
     metas.append(BatchMeta(T0_MS + 16 * 60_000, 3))
     assert store.marker(2, metas[2], GAP_S) is None
     assert store.marker(1, metas[1], GAP_S + 1) is None  # nor one of another session gap
-    assert store.marker(1, metas[1], GAP_S) is not None
+    kept = store.marker(1, metas[1], GAP_S)
+    assert kept is not None and kept.data is not None
+    (store.root / kept.data / "_SUCCESS").unlink()  # nor one whose data is not whole
+    assert store.marker(1, metas[1], GAP_S) is None
     assert batch(3, None) == {"sessions_closed": 1}
     assert closed_sessions(closer)[1] == ("u2", T0 + 10 * MINUTE, T0 + 15 * MINUTE, 1, 3)
 
