@@ -13,29 +13,35 @@ open after batch ``b`` are the rows of ``data`` that end after the marker's wate
 that adds no event writes only a marker that points at the data before it. A batch reads the
 marker of the batch before it, and trusts it only when its watermark and timestamp are those
 Spark's offset log holds for that batch, with the session gap in force: a marker of a batch that
-ran differently (a rewound checkpoint) or under another gap (a restart that changed it) is not
-used.
+ran differently (a checkpoint whose logs were edited by hand) or under another gap (a restart
+that changed it) is not used.
 
 The data is the state of one checkpoint generation: it lives in that generation's checkpoint
-folder and is only a cache. A batch that finds no usable marker recomputes the sessions from
-silver, and one that cannot prove its accepted events are all new to silver keeps no state at all
-(``pipelines.session_writes``).
+folder and is only a cache. A batch that finds no usable marker (missing, not whole, of another
+gap or history) rebuilds the open sessions from silver, and a generation whose silver also holds
+another's events keeps no state at all (``pipelines.session_writes``). Like the checkpoint, the
+folder must be one path that the driver and every executor see (executors write the Parquet,
+the driver the markers). A change made to silver outside the job (a DELETE, a RESTORE) is not
+seen by the sessions already open: delete the folder and the next batch rebuilds them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.offset_log import BatchMeta
 
+log = logging.getLogger("adattr.sink")
 ROOT = "open_sessions"
 SCHEMA = (
     "session_start timestamp, session_end timestamp, user_id string, events long, "
@@ -62,17 +68,22 @@ class OpenSessionStore:
     def marker(self, batch_id: int, meta: BatchMeta, gap_seconds: int) -> Marker | None:
         """The marker of ``batch_id`` if it was written by the batch the offset log describes
         (``meta``) with this session gap (a restart may change it) and its data is whole, else
-        None."""
-        try:
-            raw = json.loads((self.root / f"{batch_id}.json").read_text())
-        except FileNotFoundError:
+        None (and the caller rebuilds the sessions from silver)."""
+        path = self.root / f"{batch_id}.json"
+        raw = _read(path)
+        if raw is None or not isinstance(raw.get("data"), str | None):
+            log.info("open sessions: no usable marker %s, rebuilding from silver", path)
             return None
         data = raw.get("data")
         wanted = Marker(batch_id, meta.watermark_ms, meta.timestamp_ms, gap_seconds, data)
         if raw != asdict(wanted):
+            log.info("open sessions: %s is %s, not %s: rebuilding from silver", path, raw, wanted)
             return None
         # Spark writes _SUCCESS once every file of the folder is in place.
-        return wanted if data is None or (self.root / data / "_SUCCESS").is_file() else None
+        if data is not None and not (self.root / data / "_SUCCESS").is_file():
+            log.info("open sessions: %s has no _SUCCESS: rebuilding from silver", data)
+            return None
+        return wanted
 
     def sessions(self, marker: Marker, *, ending_after_ms: int) -> DataFrame | None:
         """The sessions of ``marker``'s data that end after ``ending_after_ms``; None when it has
@@ -94,7 +105,10 @@ class OpenSessionStore:
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / f"{marker.batch_id}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(marker)))
+        with tmp.open("w") as f:
+            json.dump(asdict(marker), f)
+            f.flush()
+            os.fsync(f.fileno())  # whole on disk before it can replace the last marker
         os.replace(tmp, path)
         self._clean(marker.batch_id)
 
@@ -104,11 +118,21 @@ class OpenSessionStore:
         has (a marker above ``batch_id``), and other data belongs to no marker kept."""
         keep = {batch_id - i for i in range(KEPT)}
         used: set[str] = set()
-        for path in self.root.glob("*.json"):
-            if path.stem.isdigit() and int(path.stem) in keep:
-                used.add(json.loads(path.read_text()).get("data") or "")
+        for path in [*self.root.glob("*.json"), *self.root.glob("*.tmp")]:
+            raw = _read(path) if path.suffix == ".json" and path.stem.isdigit() else None
+            if raw is not None and int(path.stem) in keep:
+                used.add(raw.get("data") or "")
             else:
                 path.unlink(missing_ok=True)
         for folder in self.root.glob("data-*"):
             if folder.name not in used:
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """A marker's JSON, or None when it is missing or not whole (a disk that lost a write)."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return raw if isinstance(raw, dict) else None

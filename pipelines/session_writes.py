@@ -7,13 +7,16 @@ interval, with Delta's txn ids) and no later batch touches it.
 
 Where the closing sessions come from:
 
-- When every event the batch accepts is new to silver (silver holds only this generation's
-  events) and later than the batch's watermark, the sessions still open are carried from batch
-  to batch (``pipelines.open_sessions``): the batch folds its accepted events into those of the
-  batch before and closes the ones its watermark passed. Such an event cannot reach a session
-  that closed before it: that session ended at or before the watermark the event is later than.
-- Otherwise (a replay, a generation that shares silver with another), they are recomputed from
-  silver, as is the carried state when the batch before left none that matches the offset log.
+- When silver holds only this generation's events (so the sessions of silver are those of the
+  events its batches accepted) and every event the batch accepts is later than its watermark,
+  the sessions still open are carried from batch to batch (``pipelines.open_sessions``): the
+  batch folds its accepted events into those open after the batch before and closes the ones its
+  watermark passed. Such an event cannot reach a session that closed before it: that session
+  ended at or before the watermark the event is later than. When the batch before left no
+  usable marker, the open sessions are rebuilt from silver (which then holds this batch's events
+  already) and carried on from there.
+- Otherwise (a replay, a generation that shares silver with another), the closing sessions are
+  recomputed from silver in every batch, and nothing is carried.
 """
 
 from __future__ import annotations

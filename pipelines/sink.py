@@ -237,8 +237,8 @@ class AttributionSink:
                     lambda: gold_update.run(rows if span is not None else None, span),
                 )
             )
-        # The open sessions are carried over when every accepted event is new to silver (silver
-        # holds this generation's events only) and later than the watermark.
+        # The open sessions are carried over when silver holds this generation's events only
+        # and every accepted event is later than the watermark (pipelines/session_writes.py).
         carried = hw.silver_exclusive and (span is None or span[0] > meta.watermark_ms)
         if carried or gold_update.advanced:
             accepted = rows.where(F.col("outcome") == ACCEPTED) if span is not None else None

@@ -168,49 +168,62 @@ def test_open_sessions_are_carried_from_batch_to_batch_and_rebuilt_when_unusable
     spark: SparkSession, tmp_path: Path
 ) -> None:
     closer = session_closer(spark, tmp_path)
-    first = silver_events(
-        spark,
-        ("e1", "impression", T0, "u1"),
-        ("e2", "impression", T0 + 10 * MINUTE, "u2"),
-    )
-    second = silver_events(spark, ("e3", "click", T0 + MINUTE, "u1"))
-    metas = [BatchMeta(0, T0_MS), BatchMeta(T0_MS, T0_MS + 1), BatchMeta(T0_MS + 8 * 60_000, 2)]
+    store = closer.store
+    events = {
+        0: silver_events(
+            spark,
+            ("e1", "impression", T0, "u1"),
+            ("e2", "impression", T0 + 10 * MINUTE, "u2"),
+        ),
+        1: silver_events(spark, ("e3", "click", T0 + MINUTE, "u1")),
+        4: silver_events(spark, ("e4", "impression", T0 + 20 * MINUTE, "u3")),
+    }
+    watermarks = [0, 0, 8, 16, 16, 30]  # minutes after T0 (batch 0: none yet)
+    metas = [BatchMeta(T0_MS + m * 60_000 if i else 0, T0_MS + i) for i, m in enumerate(watermarks)]
 
-    def batch(batch_id: int, events: DataFrame | None, *, fresh: bool = True) -> dict[str, int]:
-        if events is not None:  # what the sink's silver write does first
-            events.write.format("delta").mode("append").save(closer.tables.path(t.SILVER))
+    def batch(batch_id: int, *, fresh: bool = True) -> dict[str, int]:
+        rows = events.get(batch_id)
+        if rows is not None and fresh:  # what the sink's silver write did before
+            rows.write.format("delta").mode("append").save(closer.tables.path(t.SILVER))
         counts: dict[str, int] = {}
         closer(
             batch_id,
             meta=metas[batch_id],
             previous=metas[batch_id - 1] if batch_id else None,
-            events=events,
+            events=rows,
             carried=True,
             counts=counts,
             fresh=fresh,
         )
         return counts
 
-    assert batch(0, first) == {}  # the watermark did not move
-    assert batch(1, second) == {"sessions_closed": 0}
-    assert batch(2, None) == {"sessions_closed": 1}
-    assert batch(2, None, fresh=False) == {"sessions_closed": 1}  # a re-execution
-    assert closed_sessions(closer) == [("u1", T0, T0 + 6 * MINUTE, 2, 2)]
-    store = closer.store
+    assert batch(0) == {}  # the watermark did not move
+    assert batch(1) == {"sessions_closed": 0}
+    assert batch(1, fresh=False) == {"sessions_closed": 0}  # a re-execution folds e3 once
+    assert batch(2) == {"sessions_closed": 1}
+    assert batch(2, fresh=False) == {"sessions_closed": 1}  # a re-execution
     assert sorted(p.name for p in store.root.glob("*.json")) == ["1.json", "2.json"]
     assert len(list(store.root.glob("data-*"))) == 1  # batch 2 added no event: 1's data
-    # A marker the offset log does not describe (a rewound checkpoint ran batch 2 otherwise)
-    # is not used: batch 3 recomputes the open sessions from silver.
-    metas[2] = BatchMeta(T0_MS + 8 * 60_000, 99)
-    metas.append(BatchMeta(T0_MS + 16 * 60_000, 3))
-    assert store.marker(2, metas[2], GAP_S) is None
-    assert store.marker(1, metas[1], GAP_S + 1) is None  # nor one of another session gap
-    kept = store.marker(1, metas[1], GAP_S)
+    # Batch 3 carries batch 2's sessions (the same data), less those batch 2 closed.
+    assert batch(3) == {"sessions_closed": 1}
+    # Markers not used: of another history (the offset log says batch 3 ran otherwise), of
+    # another session gap, not whole, or whose data is not whole (then batch 4 rebuilds the open
+    # sessions from silver, which already holds its event: it is not folded in twice).
+    assert store.marker(3, BatchMeta(metas[3].watermark_ms, 99), GAP_S) is None
+    assert store.marker(3, metas[3], GAP_S + 1) is None
+    kept = store.marker(3, metas[3], GAP_S)
     assert kept is not None and kept.data is not None
-    (store.root / kept.data / "_SUCCESS").unlink()  # nor one whose data is not whole
-    assert store.marker(1, metas[1], GAP_S) is None
-    assert batch(3, None) == {"sessions_closed": 1}
-    assert closed_sessions(closer)[1] == ("u2", T0 + 10 * MINUTE, T0 + 15 * MINUTE, 1, 3)
+    (store.root / kept.data / "_SUCCESS").unlink()
+    assert store.marker(3, metas[3], GAP_S) is None
+    assert batch(4) == {}
+    assert batch(5) == {"sessions_closed": 1}
+    assert closed_sessions(closer) == [
+        ("u1", T0, T0 + 6 * MINUTE, 2, 2),
+        ("u2", T0 + 10 * MINUTE, T0 + 15 * MINUTE, 1, 3),
+        ("u3", T0 + 20 * MINUTE, T0 + 25 * MINUTE, 1, 5),
+    ]
+    (store.root / "5.json").write_text('{"batch_id": 5, "watermark')  # a write the disk lost
+    assert store.marker(5, metas[5], GAP_S) is None
 
 
 def test_changed_records_are_the_batchs_stamped_rows_with_deterministic_ids(
