@@ -21,6 +21,8 @@ Where the closing sessions come from:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pyspark import StorageLevel
@@ -63,17 +65,8 @@ class SessionCloser:
         w_cur = meta.watermark_ms
         if not carried:
             if w_cur > w_prev:
-                closed = sessions_from_silver(
-                    self.tables,
-                    self.spark,
-                    after_ms=w_prev,
-                    until_ms=w_cur,
-                    gap_seconds=self.gap_seconds,
-                )
-                try:
+                with self._from_silver(w_prev, w_cur) as closed:
                     self._write(closed, batch_id, w_prev, w_cur, counts, fresh)
-                finally:
-                    closed.unpersist()
             return
         before = (
             self.store.marker(batch_id - 1, previous, self.gap_seconds)
@@ -82,17 +75,8 @@ class SessionCloser:
         )
         data: str | None
         if before is None:  # no state to carry: silver, which holds this batch's events
-            rebuilt = sessions_from_silver(
-                self.tables,
-                self.spark,
-                after_ms=w_prev,
-                until_ms=None,
-                gap_seconds=self.gap_seconds,
-            )
-            try:
+            with self._from_silver(w_prev, None) as rebuilt:
                 data = self.store.write_data(rebuilt)
-            finally:
-                rebuilt.unpersist()
         elif events is not None:
             data = self.store.write_data(
                 folded_sessions(
@@ -112,6 +96,21 @@ class SessionCloser:
                 return
             closed = open_before.where(F.col("session_end") <= F.timestamp_millis(F.lit(w_cur)))
             self._write(closed, batch_id, w_prev, w_cur, counts, fresh)
+
+    @contextmanager
+    def _from_silver(self, after_ms: int, until_ms: int | None) -> Iterator[DataFrame]:
+        """``sessions_from_silver``, unpersisted once used."""
+        found = sessions_from_silver(
+            self.tables,
+            self.spark,
+            after_ms=after_ms,
+            until_ms=until_ms,
+            gap_seconds=self.gap_seconds,
+        )
+        try:
+            yield found
+        finally:
+            found.unpersist()
 
     def _write(
         self,
