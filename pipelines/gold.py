@@ -84,6 +84,22 @@ def attribute(conversions: DataFrame, clicks: DataFrame, *, lookback_seconds: in
     )
 
 
+CLICK_COLUMNS = ("event_id", "event_time", "user_id", "advertiser_id", "ad_id", "campaign_id")
+
+
+def latest_clicks(clicks: DataFrame) -> DataFrame:
+    """Of silver-shaped ``clicks``, the one ``attribute`` prefers per user and advertiser: the
+    latest, and of equal times the larger ``event_id`` (the same order as ``attribute``'s). Its
+    ``CLICK_COLUMNS``, so the result is silver-shaped too and can be folded again: the latest
+    of some clicks and of more clicks is the latest of all of them."""
+    best = clicks.groupBy("user_id", "advertiser_id").agg(
+        F.max(F.struct("event_time", "event_id", "ad_id", "campaign_id")).alias("c")
+    )
+    return best.select(
+        "c.event_id", "c.event_time", "user_id", "advertiser_id", "c.ad_id", "c.campaign_id"
+    )
+
+
 def reopened(pending: DataFrame, new_clicks: DataFrame, *, lookback_seconds: int) -> DataFrame:
     """Of the pending (not yet final) conversions, those a newly accepted click now precedes
     within the lookback: the same user and advertiser, ``click < conversion <= click +

@@ -22,9 +22,11 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
+from pipelines.click_state import CarriedClicks
 from pipelines.delta_writes import Tables, run_concurrently
 from pipelines.gold import (
     ATTRIBUTION_COLUMNS,
+    CLICK_COLUMNS,
     attribute,
     campaign_ctr,
     recomputed_or_current,
@@ -59,7 +61,8 @@ class GoldUpdate:
     """The gold MERGEs of one batch, whose watermark moved from ``w_prev`` to ``watermark_ms``;
     row counts go to ``counts`` (the ledger), durations to ``timer``. ``sessions``: two Spark
     sessions besides the tables' own, for MERGEs that run at the same time (a MERGE takes its
-    Delta txn ids from its session's confs)."""
+    Delta txn ids from its session's confs). ``carried_clicks``: the latest clicks the batch
+    may attribute with (``pipelines.click_state``; None: it reads silver's lookback)."""
 
     def __init__(
         self,
@@ -72,6 +75,7 @@ class GoldUpdate:
         counts: dict[str, int],
         lookback_seconds: int,
         sessions: tuple[SparkSession, ...] = (),
+        carried_clicks: CarriedClicks | None = None,
     ) -> None:
         self.tables = tables
         self.spark = tables.spark
@@ -82,6 +86,7 @@ class GoldUpdate:
         self.watermark_ms = watermark_ms
         self.counts = counts
         self.lookback = lookback_seconds
+        self.carried_clicks = carried_clicks
 
     @property
     def advanced(self) -> bool:
@@ -235,20 +240,9 @@ class GoldUpdate:
         if found is not None and found.n:
             span = (int(found.lo), int(found.hi))
             self.counts["attributions_computed"] = int(found.n)
-            clicks = (
-                self._load(t.SILVER)
-                .where(
-                    (F.col("event_type") == "click")
-                    & (
-                        F.col("event_time")
-                        >= F.timestamp_millis(F.lit(span[0]))
-                        - F.expr(f"INTERVAL {self.lookback} SECONDS")
-                    )
-                    & (F.col("event_time") < F.timestamp_millis(F.lit(span[1])))
-                )
-                .join(affected.select("user_id").distinct(), "user_id", "left_semi")
+            recomputed = attribute(
+                affected, self._clicks(affected, span), lookback_seconds=self.lookback
             )
-            recomputed = attribute(affected, clicks, lookback_seconds=self.lookback)
         try:
             keys = ("conversion_id",)
             due = self._due(t.ATTRIBUTIONS, "conversion_time")
@@ -271,6 +265,26 @@ class GoldUpdate:
         finally:
             affected.unpersist()
         return merge, span
+
+    def _clicks(self, affected: DataFrame, span: tuple[int, int]) -> DataFrame:
+        """The clicks that can be attributed the ``affected`` conversions (conversion times in
+        ``span``): their users' clicks in the lookback before them, from silver; or, when the
+        batch carries the latest clicks up to a time before every one of them
+        (``pipelines.click_state``), those and silver's clicks after that time."""
+        since = F.timestamp_millis(F.lit(span[0])) - F.expr(f"INTERVAL {self.lookback} SECONDS")
+        when = (F.col("event_time") >= since) & (
+            F.col("event_time") < F.timestamp_millis(F.lit(span[1]))
+        )
+        carried = self.carried_clicks
+        usable = carried is not None and span[0] > carried.cutoff_ms
+        if carried is not None and usable:
+            when &= F.col("event_time") > F.timestamp_millis(F.lit(carried.cutoff_ms))
+        clicks = self._load(t.SILVER).where((F.col("event_type") == "click") & when)
+        if carried is not None and usable:
+            clicks = clicks.select(*CLICK_COLUMNS)
+            if carried.rows is not None:
+                clicks = clicks.unionByName(carried.rows)
+        return clicks.join(affected.select("user_id").distinct(), "user_id", "left_semi")
 
     def _minute_windows(self, span: tuple[int, int]) -> DataFrame:
         """The 1-minute MERGE's rows (before is_final and the stamp): the windows of the span

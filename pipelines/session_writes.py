@@ -9,8 +9,9 @@ Where the closing sessions come from:
 
 - When silver holds only this generation's events (so the sessions of silver are those of the
   events its batches accepted) and every event the batch accepts is later than its watermark,
-  the sessions still open are carried from batch to batch (``pipelines.open_sessions``): the
-  batch folds its accepted events into those open after the batch before and closes the ones its
+  the sessions still open are carried from batch to batch (``pipelines.carried_state``, as
+  ``open_sessions``: the rows of the data of batch ``b`` that end after its watermark): the batch
+  folds its accepted events into those open after the batch before and closes the ones its
   watermark passed. Such an event cannot reach a session that closed before it: that session
   ended at or before the watermark the event is later than. When the batch before left no
   usable marker, the open sessions are rebuilt from silver (which then holds this batch's events
@@ -24,17 +25,28 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
+from pipelines.carried_state import CarriedState, Marker
 from pipelines.delta_writes import Tables
 from pipelines.gold import folded_sessions, user_sessions
 from pipelines.gold_writes import time_between
 from pipelines.offset_log import BatchMeta
-from pipelines.open_sessions import Marker, OpenSessionStore
+
+OPEN_SESSIONS = "open_sessions"
+OPEN_SESSION_SCHEMA = (
+    "session_start timestamp, session_end timestamp, user_id string, events long, "
+    "impressions long, clicks long, conversions long, revenue decimal(24,6)"
+)
+
+
+def open_session_state(spark: SparkSession, checkpoint: Path) -> CarriedState:
+    return CarriedState(spark, checkpoint, OPEN_SESSIONS, OPEN_SESSION_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -45,7 +57,7 @@ class SessionCloser:
 
     tables: Tables
     spark: SparkSession
-    store: OpenSessionStore
+    store: CarriedState
     gap_seconds: int
 
     def __call__(
@@ -80,7 +92,7 @@ class SessionCloser:
         elif events is not None:
             data = self.store.write_data(
                 folded_sessions(
-                    self.store.sessions(before, ending_after_ms=w_prev),
+                    self._open(before, ending_after_ms=w_prev),
                     events,
                     gap_seconds=self.gap_seconds,
                 )
@@ -90,12 +102,20 @@ class SessionCloser:
         marker = Marker(batch_id, w_cur, meta.timestamp_ms, self.gap_seconds, data)
         self.store.commit(marker)
         if w_cur > w_prev:
-            open_before = self.store.sessions(marker, ending_after_ms=w_prev)
+            open_before = self._open(marker, ending_after_ms=w_prev)
             if open_before is None:  # no session open
                 counts["sessions_closed"] = 0
                 return
             closed = open_before.where(F.col("session_end") <= F.timestamp_millis(F.lit(w_cur)))
             self._write(closed, batch_id, w_prev, w_cur, counts, fresh)
+
+    def _open(self, marker: Marker, *, ending_after_ms: int) -> DataFrame | None:
+        """The sessions of ``marker``'s data that end after ``ending_after_ms``; None when it has
+        no data."""
+        rows = self.store.rows(marker)
+        if rows is None:
+            return None
+        return rows.where(F.col("session_end") > F.timestamp_millis(F.lit(ending_after_ms)))
 
     @contextmanager
     def _from_silver(self, after_ms: int, until_ms: int | None) -> Iterator[DataFrame]:

@@ -35,13 +35,13 @@ from pyspark.sql import functions as F
 
 from app.runtime.crash import crash_point, crash_when_file_appears
 from pipelines import tables as t
+from pipelines.click_state import ClickState
 from pipelines.delta_writes import Tables, run_concurrently
 from pipelines.dimension import DimSnapshots
 from pipelines.gold_writes import GoldUpdate
 from pipelines.high_water import HighWater, read_high_water
 from pipelines.ledger import write_ledger
 from pipelines.offset_log import BatchMeta, read_batch_meta
-from pipelines.open_sessions import OpenSessionStore
 from pipelines.publish import Publisher
 from pipelines.published_rows import changed_records
 from pipelines.record_writes import (
@@ -51,7 +51,7 @@ from pipelines.record_writes import (
     record_writes,
 )
 from pipelines.report import BatchReport
-from pipelines.session_writes import SessionCloser
+from pipelines.session_writes import SessionCloser, open_session_state
 from pipelines.timing import StepTimer
 from pipelines.transforms import ACCEPTED, classify, enrich
 from schemas.ad_metrics import PUBLISHED
@@ -101,11 +101,15 @@ class AttributionSink:
         self.sessions = SessionCloser(
             self.tables,
             self.side,
-            OpenSessionStore(self.side, ctx.checkpoint),
+            open_session_state(self.side, ctx.checkpoint),
             ctx.session_gap_seconds,
         )
         # Gold tables finalised at once (a batch without accepted events), one session each.
         self.gold_sessions = (spark.newSession(), spark.newSession())
+        # The latest clicks, folded beside the attribution chain (pipelines/click_state.py).
+        self.clicks = ClickState(
+            self.tables, spark.newSession(), ctx.checkpoint, ctx.lookback_seconds
+        )
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         self._guard()
@@ -228,6 +232,10 @@ class AttributionSink:
             counts=counts,
             lookback_seconds=self.ctx.lookback_seconds,
             sessions=self.gold_sessions,
+            # The latest clicks are carried in a generation whose silver is its own only.
+            carried_clicks=(
+                self.clicks.before(batch_id, previous) if hw.silver_exclusive else None
+            ),
         )
         gold: list[Callable[[], None]] = []
         if span is not None or gold_update.advanced:
@@ -255,6 +263,13 @@ class AttributionSink:
                         counts=counts,
                         fresh=hw.sessions_fresh(w_prev),
                     ),
+                )
+            )
+        if hw.silver_exclusive:  # last: Spark runs the jobs submitted first first
+            gold.append(
+                self.timer.timed(
+                    "latest_clicks",
+                    partial(self.clicks.fold, batch_id, meta=meta, previous=previous),
                 )
             )
         run_concurrently(gold, together=True)

@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from pipelines import tables as t
+from pipelines.click_state import ClickState
 from pipelines.delta_writes import Tables, table_version
 from pipelines.ledger import write_ledger
 from pipelines.offset_log import BatchMeta
-from pipelines.open_sessions import OpenSessionStore
 from pipelines.published_rows import changed_records
-from pipelines.session_writes import SessionCloser
+from pipelines.session_writes import SessionCloser, open_session_state
 
 T0 = datetime(2026, 11, 20, 10, 0)  # the session time zone is UTC
 T0_MS = int((T0 - datetime(1970, 1, 1)).total_seconds() * 1000)
@@ -127,7 +128,7 @@ def session_closer(spark: SparkSession, tmp_path: Path) -> SessionCloser:
     wh = warehouse(spark, tmp_path / "wh", t.SILVER, t.SESSIONS)
     side = spark.newSession()
     return SessionCloser(
-        Tables(spark, wh, "app-a", 1), side, OpenSessionStore(side, tmp_path / "cp"), GAP_S
+        Tables(spark, wh, "app-a", 1), side, open_session_state(side, tmp_path / "cp"), GAP_S
     )
 
 
@@ -224,6 +225,95 @@ def test_open_sessions_are_carried_from_batch_to_batch_and_rebuilt_when_unusable
     ]
     (store.root / "5.json").write_text('{"batch_id": 5, "watermark')  # a write the disk lost
     assert store.marker(5, metas[5], GAP_S) is None
+
+
+def test_latest_clicks_are_folded_batch_by_batch_and_rebuilt_from_silver_when_unusable(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """After every batch, the carried data is the latest click per user and advertiser at or
+    before its watermark and within the lookback of it, as silver says; a re-executed batch
+    folds its slice once; a marker of another history, of another lookback, or whose data is
+    lost is refused and the data rebuilt from silver."""
+    lookback_s = 20 * 60
+    wh = warehouse(spark, tmp_path / "wh", t.SILVER)
+    tables = Tables(spark, wh, "app-a", 1)
+    state = ClickState(tables, spark.newSession(), tmp_path / "cp", lookback_s)
+    store = state.store
+
+    def clicks(*events: tuple[str, float, str, str]) -> DataFrame:
+        return rows(
+            spark,
+            t.SILVER,
+            *[
+                {
+                    "event_id": i,
+                    "event_type": "click",
+                    "event_time": T0 + m * MINUTE,
+                    "user_id": u,
+                    "advertiser_id": a,
+                    "ad_id": f"ad-{i}",
+                    "campaign_id": "cmp-1",
+                }
+                for i, m, u, a in events
+            ],
+        )
+
+    # Each batch's clicks are later than its watermark, as the sink accepts them.
+    accepted = {
+        0: clicks(("a", 5, "u1", "x"), ("b", 8, "u1", "x"), ("c", 9, "u2", "x")),
+        1: clicks(("d", 12, "u1", "x"), ("e", 20, "u2", "y"), ("f", 11, "u1", "x")),
+        3: clicks(("g", 30, "u3", "x"), ("h", 26, "u2", "x")),
+        4: clicks(("i", 55, "u1", "x")),
+    }
+    watermarks = [0, 10, 10, 25, 50, 60]  # minutes after T0 (batch 0: none yet)
+    metas = [BatchMeta(T0_MS + m * 60_000 if i else 0, T0_MS + i) for i, m in enumerate(watermarks)]
+
+    def batch(batch_id: int, *, fresh: bool = True) -> list[str]:
+        """Runs the batch (its clicks into silver first, as the sink does); the ids carried."""
+        if batch_id in accepted and fresh:
+            accepted[batch_id].write.format("delta").mode("append").save(tables.path(t.SILVER))
+        meta = metas[batch_id]
+        state.fold(batch_id, meta=meta, previous=metas[batch_id - 1] if batch_id else None)
+        marker = store.marker(batch_id, meta, lookback_s)
+        assert marker is not None
+        carried = store.rows(marker)
+        got = sorted(r.event_id for r in carried.collect()) if carried is not None else []
+        # What silver says: the latest click per user and advertiser in [W - lookback, W].
+        w = F.timestamp_millis(F.lit(meta.watermark_ms))
+        silver = tables.load(t.SILVER)
+        window = silver.where(
+            (F.col("event_time") <= w) & (F.col("event_time") >= w - F.expr("INTERVAL 20 MINUTES"))
+        )
+        want = sorted(
+            r.id
+            for r in window.groupBy("user_id", "advertiser_id")
+            .agg(F.max(F.struct("event_time", "event_id")).alias("c"))
+            .select("c.event_id")
+            .toDF("id")
+            .collect()
+        )
+        assert got == want
+        return got
+
+    assert batch(0) == []  # nothing at or before the first batch's watermark
+    assert batch(1) == ["b", "c"]
+    assert batch(1, fresh=False) == ["b", "c"]  # a re-execution
+    assert batch(2) == ["b", "c"]  # the watermark did not move: the same data
+    assert len(list(store.root.glob("data-*"))) == 1
+    assert batch(3) == ["c", "d", "e"]  # a, b: superseded; f: earlier than d
+    assert sorted(p.name for p in store.root.glob("*.json")) == ["2.json", "3.json"]
+    # Batch 4 (watermark 50) keeps what is in [30, 50]: g, not c, d, e or h.
+    assert state.before(4, metas[3]) is not None
+    assert store.marker(3, BatchMeta(metas[3].watermark_ms, 99), lookback_s) is None
+    assert store.marker(3, metas[3], lookback_s + 1) is None
+    kept = store.marker(3, metas[3], lookback_s)
+    assert kept is not None and kept.data is not None
+    (store.root / kept.data / "_SUCCESS").unlink()
+    assert state.before(4, metas[3]) is None  # the batch reads silver's lookback instead
+    assert batch(4) == ["g"]  # rebuilt from silver (h, at 26, is out of the lookback)
+    assert batch(5) == ["i"]
+    carried = state.before(6, metas[5])
+    assert carried is not None and carried.cutoff_ms == metas[5].watermark_ms
 
 
 def test_changed_records_are_the_batchs_stamped_rows_with_deterministic_ids(

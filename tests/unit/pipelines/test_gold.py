@@ -16,6 +16,7 @@ from pipelines.gold import (
     attribute,
     campaign_ctr,
     folded_sessions,
+    latest_clicks,
     recomputed_or_current,
     reopened,
     user_sessions,
@@ -132,6 +133,62 @@ def test_duplicate_click_and_duplicate_conversion_count_once(spark: SparkSession
     rows = [click("k1", 1), click("k1", 1), click("k2", 2), click("k2", 2), conversion("v", 10)]
     rows.append(conversion("v", 10))
     assert attributed(spark, rows) == {"v": "k2"}
+
+
+def test_the_latest_clicks_up_to_a_time_and_the_clicks_after_it_attribute_as_all_clicks(
+    spark: SparkSession,
+) -> None:
+    """What the sink carries instead of reading silver's whole lookback: for conversions later
+    than C, the latest click per user and advertiser at or before C (folded batch by batch,
+    clicks older than C - lookback dropped) with the clicks after C attribute every conversion
+    as all the clicks do. Ties in time (the larger id wins), clicks exactly at C, exactly at the
+    lookback's edge, of another advertiser, and a conversion at C + 1 ms are among the cases."""
+    lookback = 30 * 60
+    rng = random.Random(11)
+    ms = 1 / 60_000
+    clicks = [
+        click(f"k{i}", rng.randrange(0, 240) / 2, user=f"u{i % 3}", adv=f"adv-{i % 2}")
+        for i in range(90)
+    ]
+    clicks += [click("tie-a", 40, user="u7"), click("tie-b", 40, user="u7")]  # tie-b wins
+    clicks += [click("at-c", 60, user="u8", adv="adv-1"), click("edge", 31, user="u9")]
+    conversions = [
+        conversion(f"c{i}", 60 + ms + rng.randrange(0, 120), user=f"u{i % 3}", adv=f"adv-{i % 2}")
+        for i in range(30)
+    ]
+    conversions += [
+        conversion("c-tie", 65, user="u7"),
+        conversion("c-at-edge", 61, user="u9"),
+        conversion("c-after-c", 60 + ms, user="u8", adv="adv-1"),
+    ]
+    every = frame(spark, clicks)
+    conv = frame(spark, conversions)
+
+    def folded_until(c_minutes: float) -> DataFrame:
+        """The latest clicks at or before C, folded in three slices as the batches do."""
+        carried: DataFrame | None = None
+        for lo, hi in ((-1, 20), (20, 45), (45, c_minutes)):
+            piece = every.where((F.col("event_time") > at(lo)) & (F.col("event_time") <= at(hi)))
+            clicks = (
+                piece if carried is None else carried.unionByName(piece.select(*carried.columns))
+            )
+            carried = latest_clicks(clicks).where(F.col("event_time") >= at(hi - lookback / 60))
+        assert carried is not None
+        return carried
+
+    carried = folded_until(60)
+    later = every.where(F.col("event_time") > at(60)).select(*carried.columns)
+    want = attribute(conv, every, lookback_seconds=lookback).collect()
+    got = attribute(conv, carried.unionByName(later), lookback_seconds=lookback).collect()
+    assert sorted(got) == sorted(want)
+    by_id = {r.conversion_id: r.click_id for r in got}
+    assert by_id["c-tie"] == "tie-b"
+    assert by_id["c-at-edge"] == "edge"  # 30 minutes before it: within the lookback
+    assert by_id["c-after-c"] == "at-c"  # the click exactly at C, carried
+    assert sum(r.click_id is not None for r in got) > 20  # most conversions attributed
+    # Of the per-key latest clicks at or before C, only those a later conversion can reach.
+    assert carried.where(F.col("event_time") < at(30)).isEmpty()
+    assert [r.event_id for r in carried.where("user_id = 'u7'").collect()] == ["tie-b"]
 
 
 def test_out_of_order_click_reattributes_a_pending_conversion(spark: SparkSession) -> None:

@@ -1,0 +1,114 @@
+"""Each user's latest click per advertiser at or before the watermark, carried from batch to
+batch, so that attributing a conversion reads only silver's newest clicks instead of the whole
+lookback (24 hours by default) behind it: a read that grew with the table's history, batch
+after batch, until it spanned the lookback.
+
+Why it is exact. Last-click attribution (``gold.attribute``) gives a conversion at time ``t``
+the latest click of its user and advertiser in ``[t - lookback, t)``. Split the candidates at
+any time ``C < t``: those after ``C`` are silver's clicks in ``(C, t)``; of those at or before
+``C`` only the latest can win, and it qualifies exactly when it is within the lookback (then
+no earlier one matters; if it is not, no earlier one is). So ``attribute`` over the latest
+click per user and advertiser at or before ``C`` together with silver's clicks after ``C``
+gives the answer it gives over all of silver's clicks.
+
+Which ``C``. The data of batch ``b`` holds the latest clicks at or before ``W_b``, its
+watermark. When silver holds only this generation's events (``HighWater.silver_exclusive``),
+every silver row was accepted by one of its batches and is later than that batch's watermark,
+so every click at or before ``W_b`` is in silver before batch ``b`` runs and none is added
+after. Hence the data of ``b`` is that of ``b - 1`` folded with silver's clicks in ``(W_{b-1},
+W_b]``, a thin slice, and a click older than ``W_b - lookback`` is dropped (every conversion a
+later batch attributes is later than ``W_b``: it cannot reach it).
+
+Batch ``b`` attributes with the data of ``b - 1`` (written by the batch before, so the
+attribution waits for no fold), and only when every conversion it (re)attributes is later than
+``W_{b-1}``: its new conversions are later than ``W_b``, the pending ones it re-attributes later
+than ``W_{b-1}`` (``gold_writes``), but a replay's batch may accept an event an earlier
+generation accepted at any time, so the condition is checked, not assumed. Otherwise, or when
+the batch before left no usable marker (``pipelines.carried_state``), it reads the whole
+lookback from silver, as it always did; and without a usable marker, the fold rebuilds the data
+from silver's last lookback once. A generation whose silver holds another's events keeps no
+state and always reads the lookback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines import tables as t
+from pipelines.carried_state import CarriedState, Marker
+from pipelines.delta_writes import Tables
+from pipelines.gold import CLICK_COLUMNS, latest_clicks
+from pipelines.offset_log import BatchMeta
+
+LATEST_CLICKS = "latest_clicks"
+SCHEMA = (
+    "event_id string, event_time timestamp, user_id string, advertiser_id string, "
+    "ad_id string, campaign_id string"
+)
+
+
+@dataclass(frozen=True)
+class CarriedClicks:
+    """What a batch attributes with: the latest click per user and advertiser at or before
+    ``cutoff_ms`` (``rows``, silver-shaped; None: no such click), every later one being in
+    silver."""
+
+    rows: DataFrame | None
+    cutoff_ms: int
+
+
+class ClickState:
+    """The latest clicks of one checkpoint generation: ``before`` a batch, what it may
+    attribute with; ``fold`` (beside the attribution chain, in a Spark session of its own),
+    the batch's own."""
+
+    def __init__(
+        self, tables: Tables, spark: SparkSession, checkpoint: Path, lookback_seconds: int
+    ) -> None:
+        self.tables = tables
+        self.spark = spark
+        self.store = CarriedState(spark, checkpoint, LATEST_CLICKS, SCHEMA)
+        self.lookback_seconds = lookback_seconds
+
+    def before(self, batch_id: int, previous: BatchMeta | None) -> CarriedClicks | None:
+        """The clicks batch ``batch_id`` may attribute with (those of the batch before it);
+        None when it left no usable marker."""
+        if previous is None:  # a generation's first batch: no click is at or before 0
+            return CarriedClicks(None, 0)
+        marker = self.store.marker(batch_id - 1, previous, self.lookback_seconds)
+        if marker is None:
+            return None
+        return CarriedClicks(self.store.rows(marker), previous.watermark_ms)
+
+    def fold(self, batch_id: int, *, meta: BatchMeta, previous: BatchMeta | None) -> None:
+        """Writes the batch's data and marker: the latest clicks at or before its watermark."""
+        w_prev = previous.watermark_ms if previous is not None else 0
+        w_cur = meta.watermark_ms
+        before = (
+            self.store.marker(batch_id - 1, previous, self.lookback_seconds)
+            if previous is not None
+            else Marker(-1, 0, 0, self.lookback_seconds, None)
+        )
+        reach = w_cur - self.lookback_seconds * 1000  # no later conversion reaches a click before
+        data: str | None
+        if before is not None and w_cur <= w_prev:
+            data = before.data  # nothing more is at or before the watermark
+        else:
+            wanted = F.col("event_time") >= F.timestamp_millis(F.lit(reach))
+            when = wanted & (F.col("event_time") <= F.timestamp_millis(F.lit(w_cur)))
+            if before is not None:  # the clicks carried, and silver's after them
+                when &= F.col("event_time") > F.timestamp_millis(F.lit(w_prev))
+            clicks = self._silver_clicks(when)
+            carried = self.store.rows(before) if before is not None else None
+            if carried is not None:
+                clicks = carried.unionByName(clicks)
+            data = self.store.write_data(latest_clicks(clicks).where(wanted))
+        self.store.commit(Marker(batch_id, w_cur, meta.timestamp_ms, self.lookback_seconds, data))
+
+    def _silver_clicks(self, when: Column) -> DataFrame:
+        silver = self.tables.load(t.SILVER, self.spark)
+        return silver.where((F.col("event_type") == "click") & when).select(*CLICK_COLUMNS)
