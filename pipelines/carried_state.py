@@ -4,8 +4,9 @@ sessions, ``pipelines.session_writes``; each user's latest clicks, ``pipelines.c
 
 Layout under ``<checkpoint>/<name>``: folders of Parquet data written by Spark (rows, never
 changed once written) and one small JSON *marker* per batch, written atomically after its data:
-``{"batch_id", "watermark_ms", "timestamp_ms", "setting_seconds", "data"}``. A batch that
-changes nothing writes only a marker that points at the data before it. A batch reads the
+``{"batch_id", "watermark_ms", "timestamp_ms", "setting_seconds", "data", "as_of_ms"}``. A
+batch that changes nothing writes only a marker that points at the data before it (and the
+watermark that data is as of, when it is not the batch's own). A batch reads the
 marker of the batch before it, and trusts it only when its watermark and timestamp are those
 Spark's offset log holds for that batch, with the setting the data depends on (the session gap,
 the attribution lookback) the one in force: a marker of a batch that ran differently (a
@@ -47,6 +48,8 @@ class Marker:
     timestamp_ms: int
     setting_seconds: int  # the setting the data depends on
     data: str | None  # a folder under the root; None: no row
+    # The watermark the data is as of, when it is an earlier batch's (None: this batch's).
+    as_of_ms: int | None = None
 
 
 class CarriedState:
@@ -65,11 +68,17 @@ class CarriedState:
         None (and the caller rebuilds the state from silver)."""
         path = self.root / f"{batch_id}.json"
         raw = _read(path)
-        if raw is None or not isinstance(raw.get("data"), str | None):
+        if (
+            raw is None
+            or not isinstance(raw.get("data"), str | None)
+            or not isinstance(raw.get("as_of_ms"), int | None)
+        ):
             log.info("%s: no usable marker %s, rebuilding from silver", self.name, path)
             return None
-        data = raw.get("data")
-        wanted = Marker(batch_id, meta.watermark_ms, meta.timestamp_ms, setting_seconds, data)
+        data, as_of = raw.get("data"), raw.get("as_of_ms")
+        wanted = Marker(
+            batch_id, meta.watermark_ms, meta.timestamp_ms, setting_seconds, data, as_of
+        )
         if raw != asdict(wanted):
             log.info("%s: %s is %s, not %s: rebuilding from silver", self.name, path, raw, wanted)
             return None

@@ -11,19 +11,22 @@ no earlier one matters; if it is not, no earlier one is). So ``attribute`` over 
 click per user and advertiser at or before ``C`` together with silver's clicks after ``C``
 gives the answer it gives over all of silver's clicks.
 
-Which ``C``. The data of batch ``b`` holds the latest clicks at or before ``W_b``, its
-watermark. When silver holds only this generation's events (``HighWater.silver_exclusive``),
+Which ``C``. The data a batch carries holds the latest clicks at or before a watermark ``A``
+(its *as of*: the batch's own watermark ``W_b`` when it folds, else the data's of the batch
+before). When silver holds only this generation's events (``HighWater.silver_exclusive``),
 every silver row was accepted by one of its batches and is later than that batch's watermark,
 so every click at or before ``W_b`` is in silver before batch ``b`` runs and none is added
-after. Hence the data of ``b`` is that of ``b - 1`` folded with silver's clicks in ``(W_{b-1},
-W_b]``, a thin slice, and a click older than ``W_b - lookback`` is dropped (every conversion a
-later batch attributes is later than ``W_b``: it cannot reach it).
+after. Hence a fold is the data before folded with silver's clicks in ``(A, W_b]``, a thin
+slice, and a click older than ``W_b - lookback`` is dropped (every conversion a later batch
+attributes is later than ``W_b``: it cannot reach it). A batch folds once its watermark is
+``FOLD_AFTER_MS`` past ``A``, else it carries the data before on.
 
 Batch ``b`` attributes with the data of ``b - 1`` (written by the batch before, so the
 attribution waits for no fold), and only when every conversion it (re)attributes is later than
-``W_{b-1}``: its new conversions are later than ``W_b``, the pending ones it re-attributes later
-than ``W_{b-1}`` (``gold_writes``), but a replay's batch may accept an event an earlier
-generation accepted at any time, so the condition is checked, not assumed. Otherwise, or when
+that data's ``A`` (at most ``W_{b-1}``): its new conversions are later than ``W_b``, the
+pending ones it re-attributes later than ``W_{b-1}`` (``gold_writes``), but a replay's batch
+may accept an event an earlier generation accepted at any time, so the condition is checked,
+not assumed. Otherwise, or when
 the batch before left no usable marker (``pipelines.carried_state``), it reads the whole
 lookback from silver, as it always did; and without a usable marker, the fold rebuilds the data
 from silver's last lookback once. A generation whose silver holds another's events keeps no
@@ -45,6 +48,9 @@ from pipelines.gold import CLICK_COLUMNS, latest_clicks
 from pipelines.offset_log import BatchMeta
 
 LATEST_CLICKS = "latest_clicks"
+# A batch folds when its watermark is this far past the data's (a fold per batch cost an empty
+# batch ~0.3 s); the attribution reads at most this much more of silver's newest clicks.
+FOLD_AFTER_MS = 5 * 60_000
 SCHEMA = (
     "event_id string, event_time timestamp, user_id string, advertiser_id string, "
     "ad_id string, campaign_id string"
@@ -82,33 +88,48 @@ class ClickState:
         marker = self.store.marker(batch_id - 1, previous, self.lookback_seconds)
         if marker is None:
             return None
-        return CarriedClicks(self.store.rows(marker), previous.watermark_ms)
+        return CarriedClicks(self.store.rows(marker), _as_of(marker))
 
     def fold(self, batch_id: int, *, meta: BatchMeta, previous: BatchMeta | None) -> None:
-        """Writes the batch's data and marker: the latest clicks at or before its watermark."""
-        w_prev = previous.watermark_ms if previous is not None else 0
+        """Writes the batch's marker: the latest clicks at or before its watermark, or those of
+        the batch before while its watermark is less than ``FOLD_AFTER_MS`` past theirs."""
         w_cur = meta.watermark_ms
         before = (
             self.store.marker(batch_id - 1, previous, self.lookback_seconds)
             if previous is not None
             else Marker(-1, 0, 0, self.lookback_seconds, None)
         )
-        reach = w_cur - self.lookback_seconds * 1000  # no later conversion reaches a click before
+        as_of = _as_of(before) if before is not None else None
         data: str | None
-        if before is not None and w_cur <= w_prev:
-            data = before.data  # nothing more is at or before the watermark
+        if before is not None and as_of is not None and w_cur - as_of < FOLD_AFTER_MS:
+            data = before.data
         else:
+            reach = w_cur - self.lookback_seconds * 1000  # no later conversion reaches before
             wanted = F.col("event_time") >= F.timestamp_millis(F.lit(reach))
             when = wanted & (F.col("event_time") <= F.timestamp_millis(F.lit(w_cur)))
             if before is not None:  # the clicks carried, and silver's after them
-                when &= F.col("event_time") > F.timestamp_millis(F.lit(w_prev))
+                when &= F.col("event_time") > F.timestamp_millis(F.lit(as_of))
             clicks = self._silver_clicks(when)
             carried = self.store.rows(before) if before is not None else None
             if carried is not None:
                 clicks = carried.unionByName(clicks)
             data = self.store.write_data(latest_clicks(clicks).where(wanted))
-        self.store.commit(Marker(batch_id, w_cur, meta.timestamp_ms, self.lookback_seconds, data))
+            as_of = w_cur
+        self.store.commit(
+            Marker(
+                batch_id,
+                w_cur,
+                meta.timestamp_ms,
+                self.lookback_seconds,
+                data,
+                as_of if as_of != w_cur else None,
+            )
+        )
 
     def _silver_clicks(self, when: Column) -> DataFrame:
         silver = self.tables.load(t.SILVER, self.spark)
         return silver.where((F.col("event_type") == "click") & when).select(*CLICK_COLUMNS)
+
+
+def _as_of(marker: Marker) -> int:
+    return marker.as_of_ms if marker.as_of_ms is not None else marker.watermark_ms

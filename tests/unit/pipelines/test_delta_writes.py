@@ -262,58 +262,56 @@ def test_latest_clicks_are_folded_batch_by_batch_and_rebuilt_from_silver_when_un
     accepted = {
         0: clicks(("a", 5, "u1", "x"), ("b", 8, "u1", "x"), ("c", 9, "u2", "x")),
         1: clicks(("d", 12, "u1", "x"), ("e", 20, "u2", "y"), ("f", 11, "u1", "x")),
-        3: clicks(("g", 30, "u3", "x"), ("h", 26, "u2", "x")),
-        4: clicks(("i", 55, "u1", "x")),
+        4: clicks(("g", 30, "u3", "x"), ("h", 26, "u2", "x")),
+        5: clicks(("i", 55, "u1", "x")),
     }
-    watermarks = [0, 10, 10, 25, 50, 60]  # minutes after T0 (batch 0: none yet)
+    # Minutes after T0 (batch 0: none yet). Batch 3 moves it 4 minutes: less than a fold's.
+    watermarks = [0, 10, 10, 14, 25, 50, 60]
     metas = [BatchMeta(T0_MS + m * 60_000 if i else 0, T0_MS + i) for i, m in enumerate(watermarks)]
 
-    def batch(batch_id: int, *, fresh: bool = True) -> list[str]:
-        """Runs the batch (its clicks into silver first, as the sink does); the ids carried."""
+    def batch(batch_id: int, *, fresh: bool = True) -> tuple[int, list[str]]:
+        """Runs the batch (its clicks into silver first, as the sink does); the minute the data
+        is as of, and the ids it holds."""
         if batch_id in accepted and fresh:
             accepted[batch_id].write.format("delta").mode("append").save(tables.path(t.SILVER))
         meta = metas[batch_id]
         state.fold(batch_id, meta=meta, previous=metas[batch_id - 1] if batch_id else None)
-        marker = store.marker(batch_id, meta, lookback_s)
-        assert marker is not None
-        carried = store.rows(marker)
-        got = sorted(r.event_id for r in carried.collect()) if carried is not None else []
-        # What silver says: the latest click per user and advertiser in [W - lookback, W].
-        w = F.timestamp_millis(F.lit(meta.watermark_ms))
-        silver = tables.load(t.SILVER)
-        window = silver.where(
-            (F.col("event_time") <= w) & (F.col("event_time") >= w - F.expr("INTERVAL 20 MINUTES"))
+        carried = state.before(batch_id + 1, meta)  # what the next batch attributes with
+        assert carried is not None
+        got = sorted(r.event_id for r in carried.rows.collect()) if carried.rows else []
+        # What silver says: the latest click per user and advertiser in [A - lookback, A].
+        as_of = F.timestamp_millis(F.lit(carried.cutoff_ms))
+        window = tables.load(t.SILVER).where(
+            (F.col("event_time") <= as_of)
+            & (F.col("event_time") >= as_of - F.expr("INTERVAL 20 MINUTES"))
         )
         want = sorted(
-            r.id
+            r.c.event_id
             for r in window.groupBy("user_id", "advertiser_id")
             .agg(F.max(F.struct("event_time", "event_id")).alias("c"))
-            .select("c.event_id")
-            .toDF("id")
             .collect()
         )
         assert got == want
-        return got
+        return (carried.cutoff_ms - T0_MS) // 60_000 if batch_id else 0, got
 
-    assert batch(0) == []  # nothing at or before the first batch's watermark
-    assert batch(1) == ["b", "c"]
-    assert batch(1, fresh=False) == ["b", "c"]  # a re-execution
-    assert batch(2) == ["b", "c"]  # the watermark did not move: the same data
+    assert batch(0) == (0, [])  # nothing at or before the first batch's watermark
+    assert batch(1) == (10, ["b", "c"])
+    assert batch(1, fresh=False) == (10, ["b", "c"])  # a re-execution
+    assert batch(2) == (10, ["b", "c"])  # the watermark did not move: the same data
+    assert batch(3) == (10, ["b", "c"])  # 4 minutes on: carried, not folded
     assert len(list(store.root.glob("data-*"))) == 1
-    assert batch(3) == ["c", "d", "e"]  # a, b: superseded; f: earlier than d
-    assert sorted(p.name for p in store.root.glob("*.json")) == ["2.json", "3.json"]
-    # Batch 4 (watermark 50) keeps what is in [30, 50]: g, not c, d, e or h.
-    assert state.before(4, metas[3]) is not None
-    assert store.marker(3, BatchMeta(metas[3].watermark_ms, 99), lookback_s) is None
-    assert store.marker(3, metas[3], lookback_s + 1) is None
-    kept = store.marker(3, metas[3], lookback_s)
+    assert batch(4) == (25, ["c", "d", "e"])  # a, b: superseded; f: earlier than d
+    assert sorted(p.name for p in store.root.glob("*.json")) == ["3.json", "4.json"]
+    assert state.before(5, metas[4]) is not None
+    assert store.marker(4, BatchMeta(metas[4].watermark_ms, 99), lookback_s) is None
+    assert store.marker(4, metas[4], lookback_s + 1) is None
+    kept = store.marker(4, metas[4], lookback_s)
     assert kept is not None and kept.data is not None
     (store.root / kept.data / "_SUCCESS").unlink()
-    assert state.before(4, metas[3]) is None  # the batch reads silver's lookback instead
-    assert batch(4) == ["g"]  # rebuilt from silver (h, at 26, is out of the lookback)
-    assert batch(5) == ["i"]
-    carried = state.before(6, metas[5])
-    assert carried is not None and carried.cutoff_ms == metas[5].watermark_ms
+    assert state.before(5, metas[4]) is None  # the batch reads silver's lookback instead
+    # Rebuilt from silver: what is in [30, 50] (not c, d, e or h, at 26).
+    assert batch(5) == (50, ["g"])
+    assert batch(6) == (60, ["i"])
 
 
 def test_changed_records_are_the_batchs_stamped_rows_with_deterministic_ids(
