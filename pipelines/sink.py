@@ -232,9 +232,12 @@ class AttributionSink:
             counts=counts,
             lookback_seconds=self.ctx.lookback_seconds,
             sessions=self.gold_sessions,
-            # The latest clicks are carried in a generation whose silver is its own only.
+            # The latest clicks are carried in a generation whose silver is its own only (read
+            # only by a batch with events to attribute).
             carried_clicks=(
-                self.clicks.before(batch_id, previous) if hw.silver_exclusive else None
+                self.clicks.before(batch_id, previous)
+                if hw.silver_exclusive and span is not None
+                else None
             ),
         )
         gold: list[Callable[[], None]] = []
