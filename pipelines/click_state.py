@@ -23,14 +23,12 @@ attributes is later than ``W_b``: it cannot reach it). A batch folds once its wa
 
 Batch ``b`` attributes with the data of ``b - 1`` (written by the batch before, so the
 attribution waits for no fold), and only when every conversion it (re)attributes is later than
-that data's ``A`` (at most ``W_{b-1}``): its new conversions are later than ``W_b``, the
-pending ones it re-attributes later than ``W_{b-1}`` (``gold_writes``), but a replay's batch
-may accept an event an earlier generation accepted at any time, so the condition is checked,
-not assumed. Otherwise, or when
-the batch before left no usable marker (``pipelines.carried_state``), it reads the whole
-lookback from silver, as it always did; and without a usable marker, the fold rebuilds the data
-from silver's last lookback once. A generation whose silver holds another's events keeps no
-state and always reads the lookback.
+that data's ``A`` (at most ``W_{b-1}``). That holds for its new conversions (later than
+``W_b``) and the pending ones it re-attributes (later than ``W_{b-1}``, ``gold_writes``), and is
+also checked, at millisecond precision. Otherwise, or when the batch before left no usable
+marker (``pipelines.carried_state``), it reads the whole lookback from silver, as it always did;
+and without a usable marker, the fold rebuilds the data from silver's last lookback once. A
+generation whose silver holds another's events keeps no state and always reads the lookback.
 """
 
 from __future__ import annotations

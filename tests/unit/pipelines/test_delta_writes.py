@@ -14,12 +14,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
-from pipelines.click_state import ClickState
+from pipelines.click_state import CarriedClicks, ClickState
 from pipelines.delta_writes import Tables, table_version
+from pipelines.gold_writes import GoldUpdate
 from pipelines.ledger import write_ledger
 from pipelines.offset_log import BatchMeta
 from pipelines.published_rows import changed_records
 from pipelines.session_writes import SessionCloser, open_session_state
+from pipelines.timing import StepTimer
+from pipelines.transforms import ACCEPTED
 
 T0 = datetime(2026, 11, 20, 10, 0)  # the session time zone is UTC
 T0_MS = int((T0 - datetime(1970, 1, 1)).total_seconds() * 1000)
@@ -261,7 +264,12 @@ def test_latest_clicks_are_folded_batch_by_batch_and_rebuilt_from_silver_when_un
     # Each batch's clicks are later than its watermark, as the sink accepts them.
     accepted = {
         0: clicks(("a", 5, "u1", "x"), ("b", 8, "u1", "x"), ("c", 9, "u2", "x")),
-        1: clicks(("d", 12, "u1", "x"), ("e", 20, "u2", "y"), ("f", 11, "u1", "x")),
+        1: clicks(
+            ("d", 12, "u1", "x"),
+            ("e", 20, "u2", "y"),
+            ("f", 11, "u1", "x"),
+            ("j", 25, "u4", "x"),  # exactly at batch 4's watermark
+        ),
         4: clicks(("g", 30, "u3", "x"), ("h", 26, "u2", "x")),
         5: clicks(("i", 55, "u1", "x")),
     }
@@ -300,7 +308,7 @@ def test_latest_clicks_are_folded_batch_by_batch_and_rebuilt_from_silver_when_un
     assert batch(2) == (10, ["b", "c"])  # the watermark did not move: the same data
     assert batch(3) == (10, ["b", "c"])  # 4 minutes on: carried, not folded
     assert len(list(store.root.glob("data-*"))) == 1
-    assert batch(4) == (25, ["c", "d", "e"])  # a, b: superseded; f: earlier than d
+    assert batch(4) == (25, ["c", "d", "e", "j"])  # a, b: superseded; f: earlier than d
     assert sorted(p.name for p in store.root.glob("*.json")) == ["3.json", "4.json"]
     assert state.before(5, metas[4]) is not None
     assert store.marker(4, BatchMeta(metas[4].watermark_ms, 99), lookback_s) is None
@@ -309,9 +317,88 @@ def test_latest_clicks_are_folded_batch_by_batch_and_rebuilt_from_silver_when_un
     assert kept is not None and kept.data is not None
     (store.root / kept.data / "_SUCCESS").unlink()
     assert state.before(5, metas[4]) is None  # the batch reads silver's lookback instead
-    # Rebuilt from silver: what is in [30, 50] (not c, d, e or h, at 26).
+    # Rebuilt from silver: what is in [30, 50] (not c, d, e, h at 26 or j at 25).
     assert batch(5) == (50, ["g"])
     assert batch(6) == (60, ["i"])
+
+
+def test_a_batch_attributes_with_carried_clicks_as_with_silvers_whole_lookback(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The attributions MERGE's source of a batch given the latest clicks as of A (folded two
+    batches before, carried on by the batch before) is the one it gets reading silver's whole
+    lookback: with a click exactly at A (tied with another: the larger id wins), one after A
+    and at or before the previous watermark, one after that, one out of the lookback, a
+    conversion exactly a lookback after its click. Given clicks as of a time not before every
+    conversion, it reads the lookback instead."""
+    lookback_s = 20 * 60
+    wh = warehouse(spark, tmp_path / "wh", t.SILVER, t.ATTRIBUTIONS)
+    tables = Tables(spark, wh, "app-a", 1)
+    state = ClickState(tables, spark.newSession(), tmp_path / "cp", lookback_s)
+
+    def event(i: str, kind: str, m: float, user: str, adv: str) -> dict[str, Any]:
+        return {
+            "event_id": i,
+            "event_type": kind,
+            "event_time": T0 + m * MINUTE,
+            "user_id": user,
+            "advertiser_id": adv,
+            "ad_id": f"ad-{i}" if kind == "click" else None,
+            "campaign_id": "cmp-1" if kind == "click" else None,
+            "revenue": Decimal("5.000000") if kind == "conversion" else None,
+        }
+
+    silver = [
+        event("k1", "click", 3, "u1", "x"),
+        event("k2", "click", 9, "u1", "x"),
+        event("k3", "click", 12, "u1", "x"),  # after A (10), at or before W_2 (14)
+        event("t1", "click", 10, "u2", "x"),  # exactly at A, tied
+        event("t2", "click", 10, "u2", "x"),
+        event("old", "click", 2, "u3", "x"),  # out of every conversion's lookback
+        event("m", "click", 16, "u4", "y"),  # after W_2
+    ]
+    rows(spark, t.SILVER, *silver).write.format("delta").mode("append").save(tables.path(t.SILVER))
+    metas = [
+        BatchMeta(T0_MS + m * 60_000 if i else 0, T0_MS + i) for i, m in enumerate([0, 10, 14])
+    ]
+    for b in range(3):  # batch 1 folds as of 10; batch 2 (4 minutes on) carries that on
+        state.fold(b, meta=metas[b], previous=metas[b - 1] if b else None)
+    carried = state.before(3, metas[2])
+    assert carried is not None and carried.cutoff_ms == metas[1].watermark_ms
+    conversions = [
+        event("c1", "conversion", 21, "u1", "x"),
+        event("c2", "conversion", 22, "u2", "x"),
+        event("c3", "conversion", 25, "u3", "x"),
+        event("c4", "conversion", 24, "u4", "y"),
+        event("c5", "conversion", 30, "u2", "x"),  # t2 exactly a lookback before it
+        event("c6", "conversion", 30.5, "u2", "x"),
+    ]
+    batch_rows = rows(spark, t.SILVER, *conversions).withColumn("outcome", F.lit(ACCEPTED))
+    w_prev, w_cur = metas[2].watermark_ms, T0_MS + 20 * 60_000
+
+    def attributed(clicks: CarriedClicks | None) -> dict[str, str | None]:
+        update = GoldUpdate(
+            tables,
+            StepTimer(),
+            3,
+            w_prev=w_prev,
+            watermark_ms=w_cur,
+            counts={},
+            lookback_seconds=lookback_s,
+            carried_clicks=clicks,
+        )
+        merge, _ = update._attribution_source(batch_rows)
+        assert merge is not None
+        found = {r.conversion_id: r.click_id for r in merge.source.collect()}
+        merge.source.unpersist()
+        return found
+
+    want = {"c1": "k3", "c2": "t2", "c3": None, "c4": "m", "c5": "t2", "c6": None}
+    assert attributed(None) == want  # silver's whole lookback
+    assert attributed(carried) == want
+    # Clicks "as of" 25 minutes, not before every conversion: the lookback is read instead (used,
+    # they would hide every click at or before 25 but m).
+    assert attributed(CarriedClicks(None, T0_MS + 25 * 60_000)) == want
 
 
 def test_changed_records_are_the_batchs_stamped_rows_with_deterministic_ids(
