@@ -4,7 +4,8 @@ sessions, ``pipelines.session_writes``; each user's latest clicks, ``pipelines.c
 
 Layout under ``<checkpoint>/<name>``: folders of Parquet data written by Spark (rows, never
 changed once written) and one small JSON *marker* per batch, written atomically after its data:
-``{"batch_id", "watermark_ms", "timestamp_ms", "setting_seconds", "data", "as_of_ms"}``. A
+``{"batch_id", "watermark_ms", "timestamp_ms", "setting_seconds", "data", "as_of_ms", "schema"}``
+(``schema``: the rows' Spark DDL, so data written with other columns is never read as this). A
 batch that changes nothing writes only a marker that points at the data before it (and the
 watermark that data is as of, when it is not the batch's own). A batch reads the
 marker of the batch before it, and trusts it only when its watermark and timestamp are those
@@ -15,8 +16,8 @@ is not used.
 
 The data is the state of one checkpoint generation: it lives in that generation's checkpoint
 folder and is only a cache. A batch that finds no usable marker (missing, not whole, of another
-setting or history) rebuilds the state from silver. Like the checkpoint, the folder must be one
-path that the driver and every executor see (executors write the Parquet, the driver the
+setting, history or schema) rebuilds the state from silver. Like the checkpoint, the folder must be
+one path that the driver and every executor see (executors write the Parquet, the driver the
 markers). A change made to silver outside the job (a DELETE, a RESTORE) is not seen by the state
 already carried: delete the folders and the next batch rebuilds them.
 """
@@ -62,6 +63,16 @@ class CarriedState:
         self.name = name
         self.schema = schema
 
+    def start(
+        self, batch_id: int, previous: BatchMeta | None, setting_seconds: int
+    ) -> Marker | None:
+        """The marker batch ``batch_id`` starts from: the batch before's (``previous``: its
+        entry in the offset log), None when that is not usable; before a generation's first
+        batch, an empty state at watermark 0."""
+        if previous is None:
+            return Marker(-1, 0, 0, setting_seconds, None)
+        return self.marker(batch_id - 1, previous, setting_seconds)
+
     def marker(self, batch_id: int, meta: BatchMeta, setting_seconds: int) -> Marker | None:
         """The marker of ``batch_id`` if it was written by the batch the offset log describes
         (``meta``) with this setting (a restart may change it) and its data is whole, else
@@ -79,7 +90,7 @@ class CarriedState:
         wanted = Marker(
             batch_id, meta.watermark_ms, meta.timestamp_ms, setting_seconds, data, as_of
         )
-        if raw != asdict(wanted):
+        if raw != self._json(wanted):
             log.info("%s: %s is %s, not %s: rebuilding from silver", self.name, path, raw, wanted)
             return None
         # Spark writes _SUCCESS once every file of the folder is in place.
@@ -107,11 +118,14 @@ class CarriedState:
         path = self.root / f"{marker.batch_id}.json"
         tmp = path.with_suffix(".tmp")
         with tmp.open("w") as f:
-            json.dump(asdict(marker), f)
+            json.dump(self._json(marker), f)
             f.flush()
             os.fsync(f.fileno())  # whole on disk before it can replace the last marker
         os.replace(tmp, path)
         self._clean(marker.batch_id)
+
+    def _json(self, marker: Marker) -> dict[str, Any]:
+        return {**asdict(marker), "schema": self.schema}
 
     def _clean(self, batch_id: int) -> None:
         """Keeps the markers of ``batch_id`` and the batch before it and the data they point at.

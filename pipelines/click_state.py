@@ -66,9 +66,9 @@ class CarriedClicks:
 
 
 class ClickState:
-    """The latest clicks of one checkpoint generation: ``before`` a batch, what it may
-    attribute with; ``fold`` (beside the attribution chain, in a Spark session of its own),
-    the batch's own."""
+    """The latest clicks of one checkpoint generation: a batch ``start``s from the marker of
+    the batch before (read once), attributes with what it ``carried``, and ``fold``s (beside
+    the attribution chain, in a Spark session of its own) its own."""
 
     def __init__(
         self, tables: Tables, spark: SparkSession, checkpoint: Path, lookback_seconds: int
@@ -78,41 +78,38 @@ class ClickState:
         self.store = CarriedState(spark, checkpoint, LATEST_CLICKS, SCHEMA)
         self.lookback_seconds = lookback_seconds
 
-    def before(self, batch_id: int, previous: BatchMeta | None) -> CarriedClicks | None:
-        """The clicks batch ``batch_id`` may attribute with (those of the batch before it);
-        None when it left no usable marker."""
-        if previous is None:  # a generation's first batch: no click is at or before 0
-            return CarriedClicks(None, 0)
-        marker = self.store.marker(batch_id - 1, previous, self.lookback_seconds)
-        if marker is None:
-            return None
-        return CarriedClicks(self.store.rows(marker), _as_of(marker))
+    def start(self, batch_id: int, previous: BatchMeta | None) -> Marker | None:
+        """The marker batch ``batch_id`` starts from (``pipelines.carried_state``): what it
+        attributes with and folds into; None when the batch before left none usable."""
+        return self.store.start(batch_id, previous, self.lookback_seconds)
 
-    def fold(self, batch_id: int, *, meta: BatchMeta, previous: BatchMeta | None) -> None:
+    def carried(self, start: Marker | None) -> CarriedClicks | None:
+        """What a batch that starts from ``start`` may attribute with: the data of the batch
+        before it; None when there is no usable marker (the batch reads silver's lookback)."""
+        if start is None:
+            return None
+        return CarriedClicks(self.store.rows(start), _as_of(start))
+
+    def fold(self, batch_id: int, *, meta: BatchMeta, start: Marker | None) -> None:
         """Writes the batch's marker: the latest clicks at or before its watermark, or those of
-        the batch before while its watermark is less than ``FOLD_AFTER_MS`` past theirs."""
+        ``start`` while its watermark is less than ``FOLD_AFTER_MS`` past theirs; without a
+        usable ``start``, rebuilt from silver's last lookback."""
         w_cur = meta.watermark_ms
-        before = (
-            self.store.marker(batch_id - 1, previous, self.lookback_seconds)
-            if previous is not None
-            else Marker(-1, 0, 0, self.lookback_seconds, None)
-        )
-        as_of = _as_of(before) if before is not None else None
+        as_of = w_cur
         data: str | None
-        if before is not None and as_of is not None and w_cur - as_of < FOLD_AFTER_MS:
-            data = before.data
+        if start is not None and w_cur - _as_of(start) < FOLD_AFTER_MS:
+            data, as_of = start.data, _as_of(start)
         else:
             reach = w_cur - self.lookback_seconds * 1000  # no later conversion reaches before
             wanted = F.col("event_time") >= F.timestamp_millis(F.lit(reach))
             when = wanted & (F.col("event_time") <= F.timestamp_millis(F.lit(w_cur)))
-            if before is not None:  # the clicks carried, and silver's after them
-                when &= F.col("event_time") > F.timestamp_millis(F.lit(as_of))
+            if start is not None:  # the clicks carried, and silver's after them
+                when &= F.col("event_time") > F.timestamp_millis(F.lit(_as_of(start)))
             clicks = self._silver_clicks(when)
-            carried = self.store.rows(before) if before is not None else None
+            carried = self.store.rows(start) if start is not None else None
             if carried is not None:
                 clicks = carried.unionByName(clicks)
             data = self.store.write_data(latest_clicks(clicks).where(wanted))
-            as_of = w_cur
         self.store.commit(
             Marker(
                 batch_id,

@@ -275,13 +275,13 @@ class GoldUpdate:
         when = (F.col("event_time") >= since) & (
             F.col("event_time") < F.timestamp_millis(F.lit(span[1]))
         )
+        silver_clicks = self._load(t.SILVER).where(F.col("event_type") == "click")
         carried = self.carried_clicks
-        usable = carried is not None and span[0] > carried.cutoff_ms
-        if carried is not None and usable:
-            when &= F.col("event_time") > F.timestamp_millis(F.lit(carried.cutoff_ms))
-        clicks = self._load(t.SILVER).where((F.col("event_type") == "click") & when)
-        if carried is not None and usable:
-            clicks = clicks.select(*CLICK_COLUMNS)
+        if carried is None or span[0] <= carried.cutoff_ms:  # none, or not before them all
+            clicks = silver_clicks.where(when)
+        else:
+            after = F.col("event_time") > F.timestamp_millis(F.lit(carried.cutoff_ms))
+            clicks = silver_clicks.where(when & after).select(*CLICK_COLUMNS)
             if carried.rows is not None:
                 clicks = clicks.unionByName(carried.rows)
         return clicks.join(affected.select("user_id").distinct(), "user_id", "left_semi")

@@ -80,11 +80,7 @@ class SessionCloser:
                 with self._from_silver(w_prev, w_cur) as closed:
                     self._write(closed, batch_id, w_prev, w_cur, counts, fresh)
             return
-        before = (
-            self.store.marker(batch_id - 1, previous, self.gap_seconds)
-            if previous is not None
-            else Marker(-1, 0, 0, self.gap_seconds, None)  # before a generation's first batch
-        )
+        before = self.store.start(batch_id, previous, self.gap_seconds)
         data: str | None
         if before is None:  # no state to carry: silver, which holds this batch's events
             with self._from_silver(w_prev, None) as rebuilt:

@@ -223,6 +223,10 @@ class AttributionSink:
         # Everything below is derived from silver. A watermark that moved finalises rows (and
         # closes sessions) even in a batch without new events.
         w_prev = previous.watermark_ms if previous is not None else 0
+        # The latest clicks are carried in a generation whose silver is its own only: the
+        # batch attributes with the marker of the batch before it (when it has events to
+        # attribute) and folds its own into it.
+        clicks_start = self.clicks.start(batch_id, previous) if hw.silver_exclusive else None
         gold_update = GoldUpdate(
             self.tables,
             self.timer,
@@ -232,13 +236,7 @@ class AttributionSink:
             counts=counts,
             lookback_seconds=self.ctx.lookback_seconds,
             sessions=self.gold_sessions,
-            # The latest clicks are carried in a generation whose silver is its own only (read
-            # only by a batch with events to attribute).
-            carried_clicks=(
-                self.clicks.before(batch_id, previous)
-                if hw.silver_exclusive and span is not None
-                else None
-            ),
+            carried_clicks=self.clicks.carried(clicks_start) if span is not None else None,
         )
         gold: list[Callable[[], None]] = []
         if span is not None or gold_update.advanced:
@@ -272,7 +270,7 @@ class AttributionSink:
             gold.append(
                 self.timer.timed(
                     "latest_clicks",
-                    partial(self.clicks.fold, batch_id, meta=meta, previous=previous),
+                    partial(self.clicks.fold, batch_id, meta=meta, start=clicks_start),
                 )
             )
         run_concurrently(gold, together=True)

@@ -14,7 +14,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
-from pipelines.click_state import CarriedClicks, ClickState
+from pipelines.carried_state import CarriedState
+from pipelines.click_state import SCHEMA, CarriedClicks, ClickState
 from pipelines.delta_writes import Tables, table_version
 from pipelines.gold_writes import GoldUpdate
 from pipelines.ledger import write_ledger
@@ -283,8 +284,12 @@ def test_latest_clicks_are_folded_batch_by_batch_and_rebuilt_from_silver_when_un
         if batch_id in accepted and fresh:
             accepted[batch_id].write.format("delta").mode("append").save(tables.path(t.SILVER))
         meta = metas[batch_id]
-        state.fold(batch_id, meta=meta, previous=metas[batch_id - 1] if batch_id else None)
-        carried = state.before(batch_id + 1, meta)  # what the next batch attributes with
+        state.fold(
+            batch_id,
+            meta=meta,
+            start=state.start(batch_id, metas[batch_id - 1] if batch_id else None),
+        )
+        carried = state.carried(state.start(batch_id + 1, meta))  # what the next batch has
         assert carried is not None
         got = sorted(r.event_id for r in carried.rows.collect()) if carried.rows else []
         # What silver says: the latest click per user and advertiser in [A - lookback, A].
@@ -310,13 +315,17 @@ def test_latest_clicks_are_folded_batch_by_batch_and_rebuilt_from_silver_when_un
     assert len(list(store.root.glob("data-*"))) == 1
     assert batch(4) == (25, ["c", "d", "e", "j"])  # a, b: superseded; f: earlier than d
     assert sorted(p.name for p in store.root.glob("*.json")) == ["3.json", "4.json"]
-    assert state.before(5, metas[4]) is not None
+    assert state.carried(state.start(5, metas[4])) is not None
     assert store.marker(4, BatchMeta(metas[4].watermark_ms, 99), lookback_s) is None
     assert store.marker(4, metas[4], lookback_s + 1) is None
+    # Data written with other columns (an older or newer SCHEMA) is never read as this.
+    other = CarriedState(spark, store.root.parent, store.name, SCHEMA + ", extra string")
+    assert other.marker(4, metas[4], lookback_s) is None
     kept = store.marker(4, metas[4], lookback_s)
     assert kept is not None and kept.data is not None
     (store.root / kept.data / "_SUCCESS").unlink()
-    assert state.before(5, metas[4]) is None  # the batch reads silver's lookback instead
+    assert state.start(5, metas[4]) is None  # the batch reads silver's lookback instead
+    assert state.carried(None) is None
     # Rebuilt from silver: what is in [30, 50] (not c, d, e, h at 26 or j at 25).
     assert batch(5) == (50, ["g"])
     assert batch(6) == (60, ["i"])
@@ -362,8 +371,8 @@ def test_a_batch_attributes_with_carried_clicks_as_with_silvers_whole_lookback(
         BatchMeta(T0_MS + m * 60_000 if i else 0, T0_MS + i) for i, m in enumerate([0, 10, 14])
     ]
     for b in range(3):  # batch 1 folds as of 10; batch 2 (4 minutes on) carries that on
-        state.fold(b, meta=metas[b], previous=metas[b - 1] if b else None)
-    carried = state.before(3, metas[2])
+        state.fold(b, meta=metas[b], start=state.start(b, metas[b - 1] if b else None))
+    carried = state.carried(state.start(3, metas[2]))
     assert carried is not None and carried.cutoff_ms == metas[1].watermark_ms
     conversions = [
         event("c1", "conversion", 21, "u1", "x"),
