@@ -476,6 +476,9 @@ def latency_worker(rate: float, seconds: float, out: Path, slice_seconds: float)
                 "p99": pct(0.99),
                 "max": latencies[-1] if latencies else 0.0,
                 "slice_seconds": slice_seconds,
+                # after every record sent is in a batch (the slices' counts are taken on the
+                # clock: on a slow machine a short run's last slice can end before a first commit)
+                "files_end": files[-1][1] if files else {},
                 "slices": soak_slices(
                     sent_and_latency,
                     [_batch_of(p) for p in progress],
