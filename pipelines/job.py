@@ -229,6 +229,7 @@ def start(
             exactly_once=exactly_once,
             observer=notify if observers else None,
             guard=guard,
+            compact_files=settings.compact_files if settings.compaction == "job" else 0,
         ),
     )
     writer = (

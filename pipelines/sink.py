@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 from app.runtime.crash import crash_point, crash_when_file_appears
 from pipelines import tables as t
 from pipelines.click_state import ClickState
+from pipelines.compaction import Compactor
 from pipelines.delta_writes import Tables, run_concurrently
 from pipelines.dimension import DimSnapshots
 from pipelines.gold_writes import GoldUpdate
@@ -78,6 +79,9 @@ class SinkContext:
     # Raises when this job must not write (its lease on the checkpoint is lost): called before
     # a batch writes anything (its state store files included) and before its Kafka transaction.
     guard: Callable[[], None] | None = None
+    # The job compacts the tables a batch appends its records to once this many files have
+    # piled up in one (pipelines/compaction.py); 0: Delta's auto compaction does, or nobody.
+    compact_files: int = 0
 
 
 class AttributionSink:
@@ -109,6 +113,11 @@ class AttributionSink:
         # The latest clicks, folded beside the attribution chain (pipelines/click_state.py).
         self.clicks = ClickState(
             self.tables, spark.newSession(), ctx.checkpoint, ctx.lookback_seconds
+        )
+        self.compactor = (
+            Compactor(spark, ctx.warehouse, ctx.compact_files, ctx.guard)
+            if ctx.compact_files
+            else None
         )
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
@@ -218,6 +227,11 @@ class AttributionSink:
             together=all(w.fresh for w in writes),
         )
         self.timer.mark("records")
+        if self.compactor is not None:
+            compacted = self.compactor.after_writes(w.name for w in writes)
+            if compacted:
+                self.timer.tables["compaction"] = sum(compacted.values())
+                self.timer.mark("compaction")
 
         crash_point(self.ctx.crash_at, "between_delta_commits")
         # Everything below is derived from silver. A watermark that moved finalises rows (and

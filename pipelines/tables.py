@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
@@ -43,6 +43,11 @@ _APPEND_ONLY = {"delta.checkpointInterval": "100"}
 # 7.3-7.4 s with them on the 1-minute table only, 8.1-8.3 s on all three). Readers need Delta's
 # deletionVectors table feature (Spark with Delta 2.3+, delta-rs, DuckDB, Trino).
 _CHANGED_IN_PLACE = {"delta.enableDeletionVectors": "true"}
+# Delta's auto compaction after a commit, when the session leaves it to the table
+# (ADATTR_COMPACTION=job, app/runtime/spark.py): every table but those a batch appends its
+# records to, which the job compacts itself (pipelines/compaction.py). These MERGE or are written
+# once at a batch's end, so a compaction beside their writes would conflict with them.
+_AUTO_COMPACTED = {"delta.autoOptimize.autoCompact": "true"}
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ TABLES = (
         DIM_ADS,
         "ad_id string, campaign_id string, advertiser_id string, "
         "cpm decimal(12,6), cpc decimal(12,6)",
+        properties=_AUTO_COMPACTED,
     ),
     # Exact bytes of every record read; partitioned by Kafka partition so the per-batch MERGE
     # reads only the files whose offset range overlaps the batch.
@@ -85,7 +91,7 @@ TABLES = (
         "window_start timestamp, window_end timestamp, ad_id string, campaign_id string, "
         "advertiser_id string, impressions long, clicks long, spend decimal(24,9), "
         "conversions long, revenue decimal(24,6), is_final boolean, generation int, batch_id long",
-        properties=_CHANGED_IN_PLACE,
+        properties=_CHANGED_IN_PLACE | _AUTO_COMPACTED,
     ),
     # One row per conversion; provisional (is_final false) until the watermark passes the
     # conversion time, after which no earlier click can be accepted and the row never changes.
@@ -94,11 +100,13 @@ TABLES = (
         "conversion_id string, conversion_time timestamp, user_id string, advertiser_id string, "
         "revenue decimal(18,6), click_id string, click_time timestamp, ad_id string, "
         "campaign_id string, status string, is_final boolean, generation int, batch_id long",
+        properties=_AUTO_COMPACTED,
     ),
     Table(
         CTR_1H,
         "window_start timestamp, window_end timestamp, campaign_id string, impressions long, "
         "clicks long, ctr double, is_final boolean, generation int, batch_id long",
+        properties=_AUTO_COMPACTED,
     ),
     # Closed sessions only: a row is written once, when the watermark passes session_end.
     Table(
@@ -106,6 +114,7 @@ TABLES = (
         "session_start timestamp, session_end timestamp, user_id string, events long, "
         "impressions long, clicks long, conversions long, revenue decimal(24,6), "
         "generation int, batch_id long",
+        properties=_AUTO_COMPACTED,
     ),
     Table(
         LEDGER,
@@ -116,9 +125,13 @@ TABLES = (
         "counts map<string,long>, delta_versions map<string,long>, "
         "kafka_transactional_id string, kafka_outcome string, "
         "started_at timestamp, finished_at timestamp",
-        properties=_APPEND_ONLY,
+        properties=_APPEND_ONLY | _AUTO_COMPACTED,
     ),
 )
+
+
+# The tables a batch appends its records to (pipelines/record_writes.py), all in one phase.
+RECORD_TABLES = (BRONZE, QUARANTINE, LATE, SILVER)
 
 
 def table(name: str) -> Table:
@@ -165,10 +178,21 @@ def create_tables(
 
 def _property(spark: SparkSession, path: str, key: str) -> str | None:
     """A table property of the table's latest version, from the Delta log (no Spark job)."""
+    found = _snapshot(spark, path).metadata().configuration().get(key)
+    return str(found.get()) if found.isDefined() else None
+
+
+def data_files(spark: SparkSession, path: str) -> int | None:
+    """The data files of the table's latest version, from the checksum file Delta writes after
+    each commit (no Spark job); None when that version has none."""
+    checksum = _snapshot(spark, path).checksumOpt()
+    return int(checksum.get().numFiles()) if checksum.isDefined() else None
+
+
+def _snapshot(spark: SparkSession, path: str) -> Any:
     jvm = spark._jvm
     none = jvm.scala.Option.apply(None)  # type: ignore[union-attr]
     log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(  # type: ignore[union-attr]
         spark._jsparkSession, path
     )
-    found = log.update(False, none, none).metadata().configuration().get(key)
-    return str(found.get()) if found.isDefined() else None
+    return log.update(False, none, none)

@@ -21,6 +21,7 @@ PREFIX = "ADATTR_"
 SCRIPT_ONLY = frozenset({"ADATTR_PYTHON"})
 STATE_STORES = ("rocksdb", "hdfs")
 DELIVERIES = ("exactly-once", "at-least-once")
+COMPACTIONS = ("job", "delta", "off")
 KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
 _DURATION = re.compile(r"^\s*(\d+)\s*(second|minute|hour|day)s?\s*$")
@@ -125,14 +126,20 @@ class Settings:
             "off: interpreted, cheaper for micro-batches of thousands of rows"
         },
     )
-    auto_compact: bool = field(
-        default=True,
+    compaction: str = field(
+        default="job",
         metadata={
-            "doc": "Delta auto compaction after the job's writes: a table's small files are "
-            "rewritten into files of up to 8 MB once 50 have piled up, in the writing thread "
-            "(never beside a write to the same table); off: files pile up, one or more per "
-            "table per batch"
+            "doc": "who rewrites a table's small files into files of up to 8 MB once "
+            "ADATTR_COMPACT_FILES have piled up: job (the tables a batch appends its records to, "
+            "by the job itself right after those writes, in a session of its own with compiled "
+            "code; the others by Delta's auto compaction), delta (Delta's auto compaction "
+            "of every table, in the thread that wrote it), off (files pile up, one or more per "
+            "table per batch)"
         },
+    )
+    compact_files: int = field(
+        default=50,
+        metadata={"doc": "the files a table gathers before its small ones are compacted"},
     )
     jvm_class_archive: bool = field(
         default=True,
@@ -301,6 +308,8 @@ class Settings:
             fail("delivery", f"must be one of {', '.join(DELIVERIES)}")
         if self.state_store not in STATE_STORES:
             fail("state_store", f"must be one of {', '.join(STATE_STORES)}")
+        if self.compaction not in COMPACTIONS:
+            fail("compaction", f"must be one of {', '.join(COMPACTIONS)}")
         durations = (
             "watermark_delay",
             "trigger_interval",
@@ -320,6 +329,8 @@ class Settings:
         for name in ("input_partitions", "shuffle_partitions", "max_record_bytes"):
             if getattr(self, name) < 1:
                 fail(name, "must be at least 1")
+        if self.compact_files < 2:
+            fail("compact_files", "must be at least 2 (one file is never compacted)")
         if any(not o.startswith("-") for o in self.java_options):
             fail("jvm_options", "expected JVM options, each starting with '-'")
         if self.max_offsets_per_trigger < 0:

@@ -118,17 +118,24 @@ def spark_conf(settings: Settings, *, submitted: bool = False) -> dict[str, str]
         # cores that alone made every MERGE take 4-8 s; sized like the shuffle it takes ~1 s.
         "spark.databricks.delta.snapshotPartitions": str(settings.shuffle_partitions),
     }
-    if settings.auto_compact:
+    if settings.compaction == "off":
+        conf["spark.databricks.delta.autoCompact.enabled"] = "false"  # over the tables' property
+    else:
         # Every batch adds files to every table it writes, and a table's snapshot state (rebuilt
         # for each new version the job reads or MERGEs into) grows with its number of files.
-        # Delta's auto compaction runs after a commit, in the committing thread, once 50 files
-        # under the minimum size have piled up, and rewrites them into files of up to 8 MB
-        # (half that is the minimum: bigger files are never rewritten again, so a compaction's
-        # cost stays bounded; Delta's default 128 MB would have a gold MERGE rewrite up to
-        # 64 MB whenever it updates a row of the newest compacted file). Its commit changes no
-        # data (dataChange=false) and, run by the job's own thread, never races a job write.
-        conf["spark.databricks.delta.autoCompact.enabled"] = "true"
+        # Delta's auto compaction runs after a commit, in the committing thread, once
+        # ``compact_files`` files have piled up, and rewrites those under half the maximum size
+        # into files of up to 8 MB (bigger files are never rewritten again, so a compaction's
+        # cost stays bounded; Delta's default 128 MB would have a gold MERGE rewrite up to 64 MB
+        # whenever it updates a row of the newest compacted file). Its commit changes no data
+        # (dataChange=false) and, run by the job's own thread, never races a job write.
+        # ``job``: the session leaves the choice to each table's property (pipelines/tables.py:
+        # on except the record tables, which pipelines/compaction.py compacts); ``delta``: on
+        # for every table, whatever its property says.
+        if settings.compaction == "delta":
+            conf["spark.databricks.delta.autoCompact.enabled"] = "true"
         conf["spark.databricks.delta.autoCompact.maxFileSize"] = str(AUTO_COMPACT_FILE_BYTES)
+        conf["spark.databricks.delta.autoCompact.minNumFiles"] = str(settings.compact_files)
     if not settings.spark_codegen:
         # Every micro-batch plans new queries whose literals (batch id, watermark, time bounds)
         # are inlined in the generated Java, so no compiled class is ever reused: each batch

@@ -205,6 +205,7 @@ def textbook_job(spark: Any, settings: Any) -> Any:
 
     warehouse = settings.warehouse_uri
     target = f"{warehouse}/b1_ad_counts_1m"
+    # Auto compaction, as the job's MERGEd tables have it (the session leaves it to tables).
     DeltaTable.createIfNotExists(spark).location(target).addColumns(
         cast(
             StructType,
@@ -212,7 +213,7 @@ def textbook_job(spark: Any, settings: Any) -> Any:
                 "window_start timestamp, ad_id string, campaign_id string, events long"
             ),
         )
-    ).execute()
+    ).property("delta.autoOptimize.autoCompact", "true").execute()
     dim = spark.read.format("delta").load(f"{warehouse}/{t.DIM_ADS}")
     schema = "event_id string, event_type string, event_time string, ad_id string"
     events = (

@@ -45,3 +45,13 @@ def test_a_table_made_by_an_earlier_version_gets_the_properties_it_lacks(
     t.create_tables(spark, warehouse, (t.ATTRIBUTIONS, t.CTR_1H))
     for n in (t.ATTRIBUTIONS, t.CTR_1H):
         assert "delta.enableDeletionVectors" not in _properties(spark, f"{warehouse}/{n}"), n
+
+
+def test_delta_compacts_every_table_but_those_the_job_compacts_itself(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    warehouse = str(tmp_path / "warehouse")
+    t.create_tables(spark, warehouse)
+    for table in t.TABLES:
+        auto = _properties(spark, f"{warehouse}/{table.name}").get("delta.autoOptimize.autoCompact")
+        assert auto == (None if table.name in t.RECORD_TABLES else "true"), table.name

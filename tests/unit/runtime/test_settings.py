@@ -58,6 +58,9 @@ def test_a_warehouse_uri_is_kept_as_given_and_a_folder_made_absolute(tmp_path: P
         ({"ADATTR_INPUT_TOPIC": "bad topic"}, "ADATTR_INPUT_TOPIC"),
         ({"ADATTR_WAREHOUSE": ""}, "ADATTR_WAREHOUSE"),
         ({"ADATTR_JVM_OPTIONS": "-Xmx1g TieredStopAtLevel=1"}, "ADATTR_JVM_OPTIONS"),
+        ({"ADATTR_COMPACTION": "auto"}, "ADATTR_COMPACTION"),
+        ({"ADATTR_COMPACT_FILES": "1"}, "ADATTR_COMPACT_FILES"),
+        ({"ADATTR_AUTO_COMPACT": "false"}, "ADATTR_AUTO_COMPACT"),  # replaced by the two above
     ],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], named: str) -> None:
@@ -86,12 +89,20 @@ def test_spark_conf_local_and_submitted(tmp_path: Path) -> None:
     # ... and Spark's own default when asked for.
     compiled = spark_conf(Settings.from_env({**env, "ADATTR_SPARK_CODEGEN": "true"}))
     assert not any(k.startswith("spark.sql.codegen.") for k in compiled)
-    # Small files are compacted by Delta after the job's writes, unless asked not to.
+    # Small files are compacted: the job's record tables by the job, the others by Delta as
+    # their table property says (the session does not override it) ...
     for conf in (local, submitted):
-        assert conf["spark.databricks.delta.autoCompact.enabled"] == "true"
+        assert "spark.databricks.delta.autoCompact.enabled" not in conf
         assert int(conf["spark.databricks.delta.autoCompact.maxFileSize"]) == 8 * 1024 * 1024
-    piled = spark_conf(Settings.from_env({**env, "ADATTR_AUTO_COMPACT": "false"}))
-    assert not any(k.startswith("spark.databricks.delta.autoCompact.") for k in piled)
+        assert conf["spark.databricks.delta.autoCompact.minNumFiles"] == "50"
+    # ... every table by Delta, in the writing thread, over any table's property ...
+    delta = spark_conf(Settings.from_env({**env, "ADATTR_COMPACTION": "delta"}))
+    assert delta["spark.databricks.delta.autoCompact.enabled"] == "true"
+    fewer = Settings.from_env({**env, "ADATTR_COMPACTION": "delta", "ADATTR_COMPACT_FILES": "10"})
+    assert spark_conf(fewer)["spark.databricks.delta.autoCompact.minNumFiles"] == "10"
+    # ... or none, whatever the tables' property.
+    piled = spark_conf(Settings.from_env({**env, "ADATTR_COMPACTION": "off"}))
+    assert piled["spark.databricks.delta.autoCompact.enabled"] == "false"
 
 
 def test_driver_starts_from_the_class_archive_only_when_there_is_one(tmp_path: Path) -> None:

@@ -1,0 +1,144 @@
+"""The record tables' compaction by the job (pipelines/compaction.py), and the other tables'
+by Delta as their property says, on real Delta tables."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+
+from pipelines import tables as t
+from pipelines.compaction import Compactor
+
+T0 = datetime(2026, 11, 20, 10, 0)
+
+
+def silver_rows(spark: SparkSession, batch: int, n: int = 5) -> DataFrame:
+    schema = t.schema(t.SILVER)
+    values = {
+        "event_id": None,
+        "event_type": "click",
+        "event_time": None,
+        "ad_id": "ad-1",
+        "user_id": "u-1",
+        "campaign_id": "c-1",
+        "cost": Decimal("0.5"),
+        "kafka_topic": "ad-events",
+        "kafka_partition": 0,
+        "generation": 1,
+        "batch_id": batch,
+    }
+    data = []
+    for i in range(n):
+        row = {**values, "event_id": f"e-{batch}-{i}", "event_time": T0 + timedelta(seconds=i)}
+        row["kafka_offset"] = batch * n + i
+        data.append(tuple(row.get(c) for c in schema.names))
+    return spark.createDataFrame(data, schema)
+
+
+def append(frame: DataFrame, path: str, files: int = 1, by: str = "kafka_offset") -> None:
+    """One commit of ``files`` files (one, as the job writes), split by ranges of ``by``."""
+    frame.repartitionByRange(files, by).write.format("delta").mode("append").save(path)
+
+
+def last_commit(path: str) -> dict[str, object]:
+    newest = sorted((Path(path) / "_delta_log").glob("*.json"))[-1]
+    lines = [json.loads(x) for x in newest.read_text().splitlines()]
+    return next(x["commitInfo"] for x in lines if "commitInfo" in x)
+
+
+def test_a_record_table_is_compacted_by_the_job_once_due_and_never_by_its_own_writes(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    warehouse = str(tmp_path)
+    t.create_tables(spark, warehouse, (t.SILVER, t.DIM_ADS))
+    silver = f"{warehouse}/{t.SILVER}"
+    compactor = Compactor(spark, warehouse, min_files=4)
+    # The first write two files: Delta's auto compaction, were it on for silver, would have
+    # compacted them after it (a table not compacted yet in this JVM qualifies at once).
+    append(silver_rows(spark, 0), silver, files=2)
+    assert t.data_files(spark, silver) == 2
+    assert compactor.after_writes([t.SILVER, t.DIM_ADS]) == {}  # under 4 files; dim_ads: Delta's
+    for batch in range(1, 3):
+        append(silver_rows(spark, batch), silver)
+        assert compactor.after_writes([t.SILVER]) == {}  # written 2, 3 times
+    append(silver_rows(spark, 3), silver)
+    assert t.data_files(spark, silver) == 5
+    before = sorted(DeltaTable.forPath(spark, silver).toDF().collect())
+
+    took = compactor.after_writes([t.SILVER])  # the fourth write
+    assert set(took) == {t.SILVER} and took[t.SILVER] > 0
+    assert t.data_files(spark, silver) == 1
+    assert sorted(DeltaTable.forPath(spark, silver).toDF().collect()) == before
+    commit = last_commit(silver)
+    assert commit["operation"] == "OPTIMIZE"
+    assert commit["operationParameters"]["auto"] is False  # type: ignore[index]
+    # Compiled, with auto compaction's sizes; the job's own session still runs interpreted.
+    assert spark.conf.get("spark.sql.codegen.wholeStage") == "false"
+    assert compactor.spark.conf.get("spark.sql.codegen.wholeStage") == "true"
+    sizes = [f"spark.databricks.delta.optimize.{k}FileSize" for k in ("max", "min")]
+    assert [int(str(compactor.spark.conf.get(k))) for k in sizes] == [8 << 20, 4 << 20]
+
+    # Counted again from the compaction: three more writes are not due, a fourth is.
+    for batch in range(4, 7):
+        append(silver_rows(spark, batch), silver)
+        assert compactor.after_writes([t.SILVER]) == {}
+    append(silver_rows(spark, 7), silver)
+    assert set(compactor.after_writes([t.SILVER])) == {t.SILVER}
+    assert t.data_files(spark, silver) == 1
+    assert DeltaTable.forPath(spark, silver).toDF().count() == 8 * 5  # eight batches
+
+    # A table outside the record tables is compacted by Delta, as its property says: its first
+    # write's two files (not compacted yet in this JVM) become one.
+    dim = f"{warehouse}/{t.DIM_ADS}"
+    frame = spark.createDataFrame(
+        [(ad, "c-1", "adv-1", Decimal("1.5"), Decimal("0.2")) for ad in ("ad-1", "ad-2")],
+        t.schema(t.DIM_ADS),
+    )
+    append(frame, dim, files=2, by="ad_id")
+    assert t.data_files(spark, dim) == 1
+    assert last_commit(dim)["operation"] == "OPTIMIZE"
+
+
+def test_a_run_compacts_at_its_first_write_what_earlier_runs_left(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Runs that each write fewer batches than the threshold leave no more small files than
+    twice it: a run's first write compacts a table that already holds that many."""
+    warehouse = str(tmp_path)
+    t.create_tables(spark, warehouse, (t.SILVER,))
+    silver = f"{warehouse}/{t.SILVER}"
+    for batch in range(3):
+        append(silver_rows(spark, batch), silver)
+        assert Compactor(spark, warehouse, min_files=4).after_writes([t.SILVER]) == {}  # a run
+    append(silver_rows(spark, 3), silver)
+    assert set(Compactor(spark, warehouse, min_files=4).after_writes([t.SILVER])) == {t.SILVER}
+    assert t.data_files(spark, silver) == 1
+
+
+def test_a_failed_compaction_leaves_the_files_and_never_fails_the_batch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """As Delta's own: logged, the table as it was, tried again after the next write. Here the
+    job's lease is lost (its guard raises): nothing is committed."""
+    warehouse = str(tmp_path)
+    t.create_tables(spark, warehouse, (t.SILVER,))
+    silver = f"{warehouse}/{t.SILVER}"
+    lost = [True]
+
+    def guard() -> None:
+        if lost:
+            raise RuntimeError("lease lost")
+
+    compactor = Compactor(spark, warehouse, min_files=2, guard=guard)
+    append(silver_rows(spark, 0), silver, files=2)
+    assert compactor.after_writes([t.SILVER]) == {}
+    assert t.data_files(spark, silver) == 2 and last_commit(silver)["operation"] == "WRITE"
+    lost.clear()
+    append(silver_rows(spark, 1), silver)
+    assert set(compactor.after_writes([t.SILVER])) == {t.SILVER}  # the next write: again
+    assert t.data_files(spark, silver) == 1
