@@ -2,7 +2,8 @@
 # Submits the attribution job to Spark on Kubernetes (README "Running on a real cluster"):
 # cluster deploy mode (the driver is a pod), the image infra/k8s/Dockerfile builds, every
 # ADATTR_* setting of an env file passed to the driver pod, the Kafka password and CA mounted
-# from a Kubernetes secret (never on a command line), checkpoints on a shared volume.
+# from a Kubernetes secret (never on a command line), checkpoints on a shared volume; the
+# secret and the volume are mounted in the executor pods too, at the same paths.
 #
 #   infra/k8s/submit.sh --master k8s://https://API:6443 --image REGISTRY/adattr:TAG \
 #     --env-file my.env [--namespace adattr] [--executors 3] [--dry-run] [-- run]
@@ -38,11 +39,16 @@ args=(
   --conf spark.executor.cores=2 --conf spark.executor.memory=4g --conf spark.driver.memory=4g
   # Only Python's own interpreter has adattr's dependencies (the image installs them there).
   --conf spark.pyspark.python=python3 --conf spark.pyspark.driver.python=python3
-  # The Kafka password and CA: a secret mounted as files; the settings name the files.
+  # The Kafka password and CA: a secret mounted as files; the settings name the files. The
+  # executors' Kafka readers open the CA file at the path the settings give.
   --conf spark.kubernetes.driver.secrets.adattr-kafka=/etc/adattr/kafka
-  # Checkpoints and the run lock: a ReadWriteMany volume (NFS/EFS) the driver pod mounts.
+  --conf spark.kubernetes.executor.secrets.adattr-kafka=/etc/adattr/kafka
+  # Checkpoints, the run lock and the lease: a ReadWriteMany volume (NFS/EFS) every pod mounts
+  # at the same path (executors write the state store's files and the carried state there).
   --conf spark.kubernetes.driver.volumes.persistentVolumeClaim.shared.mount.path=/mnt/adattr-shared
   --conf spark.kubernetes.driver.volumes.persistentVolumeClaim.shared.options.claimName=adattr-shared
+  --conf spark.kubernetes.executor.volumes.persistentVolumeClaim.shared.mount.path=/mnt/adattr-shared
+  --conf spark.kubernetes.executor.volumes.persistentVolumeClaim.shared.options.claimName=adattr-shared
   # Delta tables on S3 through s3a, credentials from the pods' web identity (IRSA).
   --conf spark.hadoop.fs.s3a.aws.credentials.provider=com.amazonaws.auth.WebIdentityTokenCredentialsProvider
 )

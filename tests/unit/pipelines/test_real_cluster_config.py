@@ -67,10 +67,19 @@ def test_the_kubernetes_submission_passes_every_setting_to_the_driver_pod() -> N
     for expected in (
         "spark-submit --master k8s://https://k8s.example:6443 --deploy-mode cluster",
         "spark.kubernetes.container.image=registry.example/adattr:1.0",
-        "spark.kubernetes.driver.secrets.adattr-kafka=/etc/adattr/kafka",
-        "spark.kubernetes.driver.volumes.persistentVolumeClaim.shared.mount.path=/mnt/adattr-shared",
     ):
         assert expected in command
+    # The executors read Kafka with the CA file and write state and carried rows beside the
+    # checkpoints: the secret and the volume are mounted in every pod, at the same paths.
+    for pod in ("driver", "executor"):
+        for expected in (
+            f"spark.kubernetes.{pod}.secrets.adattr-kafka=/etc/adattr/kafka",
+            f"spark.kubernetes.{pod}.volumes.persistentVolumeClaim.shared.mount.path"
+            "=/mnt/adattr-shared",
+            f"spark.kubernetes.{pod}.volumes.persistentVolumeClaim.shared.options.claimName"
+            "=adattr-shared",
+        ):
+            assert expected in command, expected
     for name in _assignments(ENV_FILE):
         assert f"spark.kubernetes.driverEnv.{name}=" in command, name
     assert command.rstrip().endswith("local:///opt/adattr/app/submit.py run")
