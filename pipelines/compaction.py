@@ -30,6 +30,7 @@ from pyspark.sql import SparkSession
 
 from app.runtime.spark import AUTO_COMPACT_FILE_BYTES
 from pipelines import tables as t
+from pipelines.delta_writes import Tables
 
 log = logging.getLogger("adattr.compaction")
 
@@ -54,21 +55,18 @@ class Compactor:
 
     def __init__(
         self,
+        tables: Tables,
         spark: SparkSession,
-        warehouse: str,
         min_files: int,
         guard: Callable[[], None] | None = None,
     ) -> None:
-        self.spark = spark.newSession()
+        self.tables = tables
+        self.spark = spark  # a session of its own: its confs are set here
         for key, value in SESSION_CONF.items():
             self.spark.conf.set(key, value)
-        self.warehouse = warehouse
         self.min_files = min_files
         self.guard = guard  # raises when the job must not write (its lease is lost)
         self.writes: dict[str, int] = {}  # a table's writes since its last compaction (this run)
-
-    def path(self, name: str) -> str:
-        return f"{self.warehouse}/{name}"
 
     def due(self, written: Iterable[str]) -> list[str]:
         """Notes a write to each of the ``written`` tables; returns the record tables among
@@ -82,7 +80,7 @@ class Compactor:
                 due = self.writes[name] >= self.min_files
             else:  # the run's first write: what the table holds already
                 self.writes[name] = 1
-                held = t.data_files(self.spark, self.path(name))
+                held = t.data_files(self.spark, self.tables.path(name))
                 due = held is not None and held >= self.min_files
             if due:
                 names.append(name)
@@ -106,7 +104,7 @@ class Compactor:
             if self.guard is not None:
                 self.guard()
             metrics = (
-                DeltaTable.forPath(self.spark, self.path(name))
+                DeltaTable.forPath(self.spark, self.tables.path(name))
                 .optimize()
                 .executeCompaction()
                 .select("metrics.numFilesRemoved", "metrics.numFilesAdded")

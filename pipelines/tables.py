@@ -159,7 +159,8 @@ def create_tables(
             continue
         path = f"{warehouse}/{t.name}"
         if DeltaTable.isDeltaTable(spark, path):
-            lacking = {k: v for k, v in t.properties.items() if _property(spark, path, k) != v}
+            held = _snapshot(spark, path).metadata().configuration()  # a Scala Map
+            lacking = {k: v for k, v in t.properties.items() if _get(held, k) != v}
             if lacking:
                 assignments = ", ".join(f"'{k}' = '{v}'" for k, v in sorted(lacking.items()))
                 spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({assignments})")
@@ -176,9 +177,8 @@ def create_tables(
         builder.execute()
 
 
-def _property(spark: SparkSession, path: str, key: str) -> str | None:
-    """A table property of the table's latest version, from the Delta log (no Spark job)."""
-    found = _snapshot(spark, path).metadata().configuration().get(key)
+def _get(scala_map: Any, key: str) -> str | None:
+    found = scala_map.get(key)  # a Scala Option
     return str(found.get()) if found.isDefined() else None
 
 

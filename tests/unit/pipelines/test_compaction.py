@@ -7,12 +7,14 @@ import json
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from pipelines import tables as t
 from pipelines.compaction import Compactor
+from pipelines.delta_writes import Tables
 
 T0 = datetime(2026, 11, 20, 10, 0)
 
@@ -45,6 +47,12 @@ def append(frame: DataFrame, path: str, files: int = 1, by: str = "kafka_offset"
     frame.repartitionByRange(files, by).write.format("delta").mode("append").save(path)
 
 
+def new_compactor(spark: SparkSession, warehouse: str, **kwargs: Any) -> Compactor:
+    """A run's compactor, as the sink makes it: the run's tables, a session of its own."""
+    tables = Tables(spark, warehouse, app_id="test-compaction", generation=1)
+    return Compactor(tables, spark.newSession(), **kwargs)
+
+
 def last_commit(path: str) -> dict[str, object]:
     newest = sorted((Path(path) / "_delta_log").glob("*.json"))[-1]
     lines = [json.loads(x) for x in newest.read_text().splitlines()]
@@ -57,7 +65,7 @@ def test_a_record_table_is_compacted_by_the_job_once_due_and_never_by_its_own_wr
     warehouse = str(tmp_path)
     t.create_tables(spark, warehouse, (t.SILVER, t.DIM_ADS))
     silver = f"{warehouse}/{t.SILVER}"
-    compactor = Compactor(spark, warehouse, min_files=4)
+    compactor = new_compactor(spark, warehouse, min_files=4)
     # The first write two files: Delta's auto compaction, were it on for silver, would have
     # compacted them after it (a table not compacted yet in this JVM qualifies at once).
     append(silver_rows(spark, 0), silver, files=2)
@@ -114,9 +122,9 @@ def test_a_run_compacts_at_its_first_write_what_earlier_runs_left(
     silver = f"{warehouse}/{t.SILVER}"
     for batch in range(3):
         append(silver_rows(spark, batch), silver)
-        assert Compactor(spark, warehouse, min_files=4).after_writes([t.SILVER]) == {}  # a run
+        assert new_compactor(spark, warehouse, min_files=4).after_writes([t.SILVER]) == {}  # a run
     append(silver_rows(spark, 3), silver)
-    assert set(Compactor(spark, warehouse, min_files=4).after_writes([t.SILVER])) == {t.SILVER}
+    assert set(new_compactor(spark, warehouse, min_files=4).after_writes([t.SILVER])) == {t.SILVER}
     assert t.data_files(spark, silver) == 1
 
 
@@ -134,7 +142,7 @@ def test_a_failed_compaction_leaves_the_files_and_never_fails_the_batch(
         if lost:
             raise RuntimeError("lease lost")
 
-    compactor = Compactor(spark, warehouse, min_files=2, guard=guard)
+    compactor = new_compactor(spark, warehouse, min_files=2, guard=guard)
     append(silver_rows(spark, 0), silver, files=2)
     assert compactor.after_writes([t.SILVER]) == {}
     assert t.data_files(spark, silver) == 2 and last_commit(silver)["operation"] == "WRITE"
