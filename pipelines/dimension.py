@@ -7,6 +7,7 @@ its first execution, and a dimension change is picked up by the batches that sta
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from decimal import Decimal
 
 from pyspark import StorageLevel
@@ -79,15 +80,18 @@ def dim_snapshot(spark: SparkSession, warehouse: str, as_of_ms: int) -> tuple[Da
 
 class DimSnapshots:
     """``dim_snapshot`` for a running job, at the cost of a log listing per batch: the history
-    is read again only when dim_ads has a newer version than last seen, and each version's rows
-    (a small table) are read once and kept in memory. Same answers as ``dim_snapshot``."""
+    is read again only when dim_ads has a newer version than last seen, and the rows of the
+    ``kept`` versions used last (a small table each) are read once and kept in memory; an
+    older one is released, so a job that runs for weeks beside daily dimension loads holds a
+    few versions, not every one. Same answers as ``dim_snapshot``."""
 
-    def __init__(self, spark: SparkSession, warehouse: str) -> None:
+    def __init__(self, spark: SparkSession, warehouse: str, kept: int = 3) -> None:
         self.spark = spark
         self.path = f"{warehouse}/{DIM_ADS}"
+        self.kept = kept
         self._latest = -1
         self._history: list[tuple[int, int]] = []
-        self._frames: dict[int, DataFrame] = {}
+        self._frames: OrderedDict[int, DataFrame] = OrderedDict()  # least recently used first
 
     def at(self, as_of_ms: int) -> tuple[DataFrame, int]:
         if self._latest < 0:
@@ -101,7 +105,9 @@ class DimSnapshots:
         if latest != self._latest:
             self._history, self._latest = _history(self.spark, self.path), latest
         version = _in_force(self._history, as_of_ms)
-        if version not in self._frames:
+        if version in self._frames:
+            self._frames.move_to_end(version)
+        else:
             # Cached in the JVM, read at once: every batch's join reads the cache. (Rows collected
             # to Python and made a DataFrame again were a Python RDD, which started Python
             # workers in every batch's first job.) Evicted or lost with an executor, the cache is
@@ -109,4 +115,8 @@ class DimSnapshots:
             rows = self.spark.read.format("delta").option("versionAsOf", version).load(self.path)
             rows.persist(StorageLevel.MEMORY_AND_DISK).count()
             self._frames[version] = rows
+            while len(self._frames) > self.kept:
+                # A batch that used it has finished (batches run one at a time); one that needs
+                # it again (a replay of old data) reads it again.
+                self._frames.popitem(last=False)[1].unpersist()
         return self._frames[version], version
