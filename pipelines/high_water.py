@@ -36,8 +36,6 @@ from pyspark.sql import functions as F
 
 from pipelines import tables as t
 
-# Every table whose rows are keyed by the Kafka record they came from.
-RECORD_TABLES = (t.BRONZE, t.QUARANTINE, t.LATE, t.SILVER)
 NEVER = -(2**62)
 
 
@@ -101,7 +99,7 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
         return load(t.SESSIONS).agg(F.expr("unix_millis(max(session_end))")).first()
 
     with ThreadPoolExecutor(4, thread_name_prefix="adattr-high-water") as pool:
-        per_table = [pool.submit(offsets_of, name) for name in RECORD_TABLES]
+        per_table = [pool.submit(offsets_of, name) for name in t.RECORD_TABLES]
         ledger_f, silver_f, sessions_f = (pool.submit(f) for f in (ledger, silver, sessions))
         offsets: dict[tuple[str, int], int] = {}
         for future in per_table:

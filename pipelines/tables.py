@@ -130,7 +130,8 @@ TABLES = (
 )
 
 
-# The tables a batch appends its records to (pipelines/record_writes.py), all in one phase.
+# The tables whose rows are keyed by the Kafka record they came from: a batch appends its
+# records to them in one phase (pipelines/record_writes.py).
 RECORD_TABLES = (BRONZE, QUARANTINE, LATE, SILVER)
 
 
