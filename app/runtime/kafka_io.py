@@ -10,6 +10,7 @@ the Java client to read_uncommitted.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -111,7 +112,10 @@ class KafkaConnection:
 
 
 def _absolute(path: str) -> str:
-    return str(Path(path).resolve()) if path else ""
+    """The path made absolute, its symlinks kept: a Kubernetes secret volume's files are
+    symlinks into a per-pod folder (``..data`` -> ``..2026_11_26_...``), so a resolved path
+    would name a folder no executor pod has, and none after the secret rotates."""
+    return os.path.abspath(path) if path else ""
 
 
 def _jaas_quote(value: str) -> str:

@@ -83,6 +83,22 @@ def test_sasl_ssl_with_mutual_tls_maps_to_both_clients(pems: dict[str, str]) -> 
         assert conf["sasl.password"] == PASSWORD and conf["security.protocol"] == "SASL_SSL"
 
 
+def test_a_pem_behind_a_symlink_is_named_by_its_path_not_its_target(tmp_path: Path) -> None:
+    """A Kubernetes secret volume: ``ca.pem`` -> ``..data/ca.pem``, ``..data`` -> a per-pod
+    folder. The executors get the driver's path, so it must be the one every pod has."""
+    volume = tmp_path / "kafka"
+    (volume / "..2026_11_26_10_00_00.123").mkdir(parents=True)
+    (volume / "..2026_11_26_10_00_00.123" / "ca.pem").write_text(CERT)
+    (volume / "..data").symlink_to("..2026_11_26_10_00_00.123")
+    (volume / "ca.pem").symlink_to("..data/ca.pem")
+    env = sasl_ssl(
+        ADATTR_KAFKA_SASL_PASSWORD="s3cret", ADATTR_KAFKA_SSL_CA_FILE=str(volume / "ca.pem")
+    )
+    kafka = KafkaConnection.of(Settings.from_env(env))
+    assert kafka.spark_options()["kafka.ssl.truststore.location"] == str(volume / "ca.pem")
+    assert kafka.librdkafka()["ssl.ca.location"] == str(volume / "ca.pem")
+
+
 def test_plain_mechanism_uses_the_plain_login_module() -> None:
     env = sasl_ssl(ADATTR_KAFKA_SASL_MECHANISM="PLAIN", ADATTR_KAFKA_SASL_PASSWORD="s3cret")
     jaas = KafkaConnection.of(Settings.from_env(env)).spark_options()["kafka.sasl.jaas.config"]
