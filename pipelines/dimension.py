@@ -116,7 +116,8 @@ class DimSnapshots:
             rows.persist(StorageLevel.MEMORY_AND_DISK).count()
             self._frames[version] = rows
             while len(self._frames) > self.kept:
-                # A batch that used it has finished (batches run one at a time); one that needs
-                # it again (a replay of old data) reads it again.
+                # Every batch that used it has finished (batches run one at a time, and their
+                # threads end with them). Batches ask in the order of their timestamps, so an
+                # evicted version is not asked for again; were it, it is read again, pinned.
                 self._frames.popitem(last=False)[1].unpersist()
         return self._frames[version], version
