@@ -160,7 +160,7 @@ def create_tables(
             continue
         path = f"{warehouse}/{t.name}"
         if DeltaTable.isDeltaTable(spark, path):
-            held = _snapshot(spark, path).metadata().configuration()  # a Scala Map
+            held = latest_snapshot(spark, path).metadata().configuration()  # a Scala Map
             lacking = {k: v for k, v in t.properties.items() if _get(held, k) != v}
             if lacking:
                 assignments = ", ".join(f"'{k}' = '{v}'" for k, v in sorted(lacking.items()))
@@ -186,11 +186,12 @@ def _get(scala_map: Any, key: str) -> str | None:
 def data_files(spark: SparkSession, path: str) -> int | None:
     """The data files of the table's latest version, from the checksum file Delta writes after
     each commit (no Spark job); None when that version has none."""
-    checksum = _snapshot(spark, path).checksumOpt()
+    checksum = latest_snapshot(spark, path).checksumOpt()
     return int(checksum.get().numFiles()) if checksum.isDefined() else None
 
 
-def _snapshot(spark: SparkSession, path: str) -> Any:
+def latest_snapshot(spark: SparkSession, path: str) -> Any:
+    """The table's latest Delta snapshot (a JVM object): lists its log, reads no data."""
     jvm = spark._jvm
     none = jvm.scala.Option.apply(None)  # type: ignore[union-attr]
     log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(  # type: ignore[union-attr]
