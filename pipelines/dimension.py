@@ -14,7 +14,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.tables import DIM_ADS, create_tables, table
+from pipelines.tables import DIM_ADS, create_tables, latest_snapshot, table
 
 
 class DimensionMissingError(RuntimeError):
@@ -81,7 +81,7 @@ def dim_snapshot(spark: SparkSession, warehouse: str, as_of_ms: int) -> tuple[Da
 class DimSnapshots:
     """``dim_snapshot`` for a running job, at the cost of a log listing per batch: the history
     is read again only when dim_ads has a newer version than last seen, and the rows of the
-    ``kept`` versions used last (a small table each) are read once and kept in memory; an
+    last ``kept`` versions it read (a small table each) are read once and kept in memory; an
     older one is released, so a job that runs for weeks beside daily dimension loads holds a
     few versions, not every one. Same answers as ``dim_snapshot``."""
 
@@ -91,23 +91,16 @@ class DimSnapshots:
         self.kept = kept
         self._latest = -1
         self._history: list[tuple[int, int]] = []
-        self._frames: OrderedDict[int, DataFrame] = OrderedDict()  # least recently used first
+        self._frames: OrderedDict[int, DataFrame] = OrderedDict()  # oldest first
 
     def at(self, as_of_ms: int) -> tuple[DataFrame, int]:
         if self._latest < 0:
             _require(self.spark, self.path)
-        jvm = self.spark._jvm
-        none = jvm.scala.Option.apply(None)  # type: ignore[union-attr]
-        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(  # type: ignore[union-attr]
-            self.spark._jsparkSession, self.path
-        )
-        latest = int(log.update(False, none, none).version())  # lists the log; reads no data
+        latest = int(latest_snapshot(self.spark, self.path).version())
         if latest != self._latest:
             self._history, self._latest = _history(self.spark, self.path), latest
         version = _in_force(self._history, as_of_ms)
-        if version in self._frames:
-            self._frames.move_to_end(version)
-        else:
+        if version not in self._frames:
             # Cached in the JVM, read at once: every batch's join reads the cache. (Rows collected
             # to Python and made a DataFrame again were a Python RDD, which started Python
             # workers in every batch's first job.) Evicted or lost with an executor, the cache is
