@@ -61,7 +61,7 @@ class Compactor:
         guard: Callable[[], None] | None = None,
     ) -> None:
         self.tables = tables
-        self.spark = spark  # a session of its own: its confs are set here
+        self.spark = spark.newSession()  # its own confs, not the job's
         for key, value in SESSION_CONF.items():
             self.spark.conf.set(key, value)
         self.min_files = min_files

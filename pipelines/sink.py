@@ -115,7 +115,7 @@ class AttributionSink:
             self.tables, spark.newSession(), ctx.checkpoint, ctx.lookback_seconds
         )
         self.compactor = (
-            Compactor(self.tables, spark.newSession(), ctx.compact_files, ctx.guard)
+            Compactor(self.tables, spark, ctx.compact_files, ctx.guard)
             if ctx.compact_files
             else None
         )

@@ -48,9 +48,9 @@ def append(frame: DataFrame, path: str, files: int = 1, by: str = "kafka_offset"
 
 
 def new_compactor(spark: SparkSession, warehouse: str, **kwargs: Any) -> Compactor:
-    """A run's compactor, as the sink makes it: the run's tables, a session of its own."""
+    """A run's compactor, as the sink makes it (it makes a session of its own)."""
     tables = Tables(spark, warehouse, app_id="test-compaction", generation=1)
-    return Compactor(tables, spark.newSession(), **kwargs)
+    return Compactor(tables, spark, **kwargs)
 
 
 def last_commit(path: str) -> dict[str, object]:
