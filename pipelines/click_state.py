@@ -25,10 +25,12 @@ Batch ``b`` attributes with the data of ``b - 1`` (written by the batch before, 
 attribution waits for no fold), and only when every conversion it (re)attributes is later than
 that data's ``A`` (at most ``W_{b-1}``). That holds for its new conversions (later than
 ``W_b``) and the pending ones it re-attributes (later than ``W_{b-1}``, ``gold_writes``), and is
-also checked, at millisecond precision. Otherwise, or when the batch before left no usable
-marker (``pipelines.carried_state``), it reads the whole lookback from silver, as it always did;
-and without a usable marker, the fold rebuilds the data from silver's last lookback once. A
-generation whose silver holds another's events keeps no state and always reads the lookback.
+also checked, at millisecond precision, on the batch's first accepted event (which none of them
+precedes: a re-attributed conversion is later than one of the batch's clicks). Otherwise, or
+when the batch before left no usable marker (``pipelines.carried_state``), it reads the whole
+lookback from silver, as it always did; and without a usable marker, the fold rebuilds the data
+from silver's last lookback once. A generation whose silver holds another's events keeps no
+state and always reads the lookback.
 """
 
 from __future__ import annotations

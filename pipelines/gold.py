@@ -274,15 +274,18 @@ def recomputed_or_current(
     values: tuple[str, ...],
     emptied: Column | None = None,
     zeros: dict[str, Column] | None = None,
+    flag: str | None = None,
 ) -> DataFrame:
     """One row per key, the rows a gold MERGE sets: the ``recomputed`` row where there is one,
     else the table's ``current`` row (one due to be finalised), with ``zeros`` in place of
     its columns where ``emptied`` (over its columns) holds: a window the recomputation no
-    longer produces. Either side may be None, not both."""
+    longer produces. Either side may be None, not both. ``flag``: the name of a boolean
+    column to add, true on the recomputed rows."""
     if current is None or recomputed is None:
         either = current if recomputed is None else recomputed
         assert either is not None, "a MERGE source needs recomputed or current rows"
-        return either.select(*keys, *values)
+        rows = either.select(*keys, *values)
+        return rows if flag is None else rows.withColumn(flag, F.lit(recomputed is not None))
     x = current.select(
         *[F.col(c).alias(f"_x_{c}") for c in (*keys, *values)],
         (F.lit(False) if emptied is None else emptied).alias("_x_emptied"),
@@ -296,4 +299,6 @@ def recomputed_or_current(
         if zeros and v in zeros:
             fallback = F.when(F.col("_x_emptied"), zeros[v]).otherwise(fallback)
         columns.append(F.when(here, F.col(v)).otherwise(fallback).alias(v))
+    if flag is not None:
+        columns.append(here.alias(flag))
     return joined.select(*columns)

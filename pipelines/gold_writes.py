@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -41,12 +42,23 @@ SLIDE_MS = 5 * MINUTE_MS
 HOUR_MS = 60 * MINUTE_MS
 # Columns the sink sets on every gold row it writes, not part of a recomputation.
 _DERIVED = ("is_final", "generation", "batch_id")
+# The attributions source's flag on the rows it recomputes (not a column of the table).
+_RECOMPUTED = "_recomputed"
+
+
+class _Rows(NamedTuple):
+    """How many rows, and their time span (epoch ms)."""
+
+    n: int
+    span: tuple[int, int]
 
 
 @dataclass(frozen=True)
 class Merge:
-    """One gold table's keyed MERGE: its source rows, their key and time columns, and what a
-    matched row gets (None: every column)."""
+    """One gold table's keyed MERGE: its source rows, their key and time columns, what a
+    matched row gets (None: every column), and the time range of its source rows (a
+    recomputation knows it: rarely without rows, and then the MERGE commits a version that
+    changes nothing)."""
 
     name: str
     source: DataFrame
@@ -55,6 +67,9 @@ class Merge:
     update: dict[str, str | Column] | None
     update_condition: str | None = None
     bounds: tuple[int, int] | None = None
+    # Source columns that only summarise it: dropped before the MERGE (the cached source keeps
+    # them).
+    unwritten: tuple[str, ...] = ()
 
 
 class GoldUpdate:
@@ -125,15 +140,15 @@ class GoldUpdate:
             )
             return
         assert span is not None, "a batch with accepted events has their time span"
-        reattributed = self._attributions(rows)
+        reattributed = self._attributions(rows, span)
         if reattributed is not None:  # pending conversions a new click now precedes
             span = (min(span[0], reattributed[0]), max(span[1], reattributed[1]))
         self._minutes(span)
         self._hours(span)
 
-    def _attributions(self, rows: DataFrame) -> tuple[int, int] | None:
+    def _attributions(self, rows: DataFrame, span: tuple[int, int]) -> tuple[int, int] | None:
         """MERGEs the attributions; returns the conversion-time span it (re)attributed."""
-        attributions, reattributed = self._attribution_source(rows)
+        attributions, reattributed = self._attribution_source(rows, span)
         self._run(attributions)
         return reattributed
 
@@ -146,8 +161,9 @@ class GoldUpdate:
             keys=("window_start", "ad_id"),
             time_column="window_start",
             update=_update_keeping_final(t.GOLD_1M),
+            bounds=self._widen((lo, hi), MINUTE_MS),
         )
-        self._run(self._prepared(minutes, self._widen((lo, hi), MINUTE_MS)))
+        self._run(minutes)
 
     def _hours(self, span: tuple[int, int]) -> None:
         # The windows containing minute m start in (m - 1 hour, m], on 5-minute boundaries.
@@ -168,8 +184,9 @@ class GoldUpdate:
             keys=hour_keys,
             time_column="window_start",
             update=_update_keeping_final(t.CTR_1H),
+            bounds=self._widen((first, last), HOUR_MS),
         )
-        self._run(self._prepared(hour_merge, self._widen((first, last), HOUR_MS)))
+        self._run(hour_merge)
 
     def _finalise(self, name: str, end: str) -> None:
         """The table's rows that the watermark passed in this batch, (w_prev, w_cur], become
@@ -199,16 +216,22 @@ class GoldUpdate:
     def _load(self, name: str) -> DataFrame:
         return self.tables.load(name, self.spark)
 
-    def _attribution_source(self, rows: DataFrame) -> tuple[Merge | None, tuple[int, int] | None]:
+    def _attribution_source(
+        self, rows: DataFrame, span: tuple[int, int]
+    ) -> tuple[Merge | None, tuple[int, int] | None]:
         """The attributions MERGE (None: nothing to write) and the conversion-time span of the
         conversions this batch (re)attributes: its new conversions, and the pending (not final)
         ones that one of its new clicks now precedes within the lookback, so a click that
         arrives after its conversion gives the answer event-time order would have. A final
         attribution is never touched: its conversion time is at or behind the watermark, so no
         click that could precede it can be accepted any more. Those the watermark passed in
-        this batch become final."""
-        span = None
-        recomputed = None
+        this batch become final. ``span``: the batch's accepted events' time span.
+
+        One job finds them, attributes them and counts the source (its rows flagged
+        recomputed or not): their clicks are read for a span that holds every one of them,
+        from the batch's first accepted event (a new conversion, or a pending one after a new
+        click) to its last plus the lookback (a pending one no later than a new click's
+        lookback)."""
         new = rows.where(F.col("outcome") == ACCEPTED)
         # Every attribution at or behind the previous watermark is final (see _due).
         pending = (
@@ -230,29 +253,25 @@ class GoldUpdate:
             .select(*pending.columns)
             .unionByName(reopen)
             .dropDuplicates(["event_id"])
-            .persist(StorageLevel.MEMORY_AND_DISK)
+            .persist(StorageLevel.MEMORY_AND_DISK)  # read twice: conversions, their users
         )
-        found = affected.agg(
-            F.count("*").alias("n"),
-            F.expr("unix_millis(min(event_time))").alias("lo"),
-            F.expr("unix_millis(max(event_time))").alias("hi"),
-        ).first()
-        if found is not None and found.n:
-            span = (int(found.lo), int(found.hi))
-            self.counts["attributions_computed"] = int(found.n)
-            recomputed = attribute(
-                affected, self._clicks(affected, span), lookback_seconds=self.lookback
-            )
         try:
+            reach = (span[0], span[1] + self.lookback * 1000)
+            recomputed = attribute(
+                affected, self._clicks(affected, reach), lookback_seconds=self.lookback
+            )
             keys = ("conversion_id",)
-            due = self._due(t.ATTRIBUTIONS, "conversion_time")
-            if recomputed is None and due is None:
-                return None, span
             source = self._final(
-                recomputed_or_current(recomputed, due, keys=keys, values=ATTRIBUTION_COLUMNS[1:]),
+                recomputed_or_current(
+                    recomputed,
+                    self._due(t.ATTRIBUTIONS, "conversion_time"),
+                    keys=keys,
+                    values=ATTRIBUTION_COLUMNS[1:],
+                    flag=_RECOMPUTED,
+                ),
                 "conversion_time",
             )
-            merge = self._prepared(
+            merge, recomputed_rows = self._summarised(
                 Merge(
                     t.ATTRIBUTIONS,
                     source,
@@ -260,16 +279,21 @@ class GoldUpdate:
                     time_column="conversion_time",
                     update=None,  # every column; a final attribution stays as it is
                     update_condition="NOT t.is_final",
-                )
+                    unwritten=(_RECOMPUTED,),
+                ),
+                flag=_RECOMPUTED,
             )
         finally:
             affected.unpersist()
-        return merge, span
+        if recomputed_rows is None:
+            return merge, None
+        self.counts["attributions_computed"] = recomputed_rows.n
+        return merge, recomputed_rows.span
 
     def _clicks(self, affected: DataFrame, span: tuple[int, int]) -> DataFrame:
-        """The clicks that can be attributed the ``affected`` conversions (conversion times in
-        ``span``): their users' clicks in the lookback before them, from silver; or, when the
-        batch carries the latest clicks up to a time before every one of them
+        """The clicks that can be attributed the ``affected`` conversions (``span`` holds their
+        conversion times): their users' clicks in the lookback before them, from silver; or,
+        when the batch carries the latest clicks up to a time before every one of them
         (``pipelines.click_state``), those and silver's clicks after that time."""
         since = F.timestamp_millis(F.lit(span[0])) - F.expr(f"INTERVAL {self.lookback} SECONDS")
         when = (F.col("event_time") >= since) & (
@@ -334,26 +358,29 @@ class GoldUpdate:
         (w_prev, w_cur] (a superset is safe: it only reads more files)."""
         return min(span[0], self.w_prev - width), max(span[1], self.watermark_ms)
 
-    def _prepared(self, merge: Merge, bounds: tuple[int, int] | None = None) -> Merge | None:
-        """The MERGE with the time bounds of its source: ``bounds`` when the caller knows them
-        (a recomputation: rarely without rows, and then the MERGE commits a version that
-        changes nothing), else the source's own, read from it once it is cached; None when it
-        has no rows (then nothing is committed: on any execution of the batch, the same)."""
-        if bounds is not None:
-            return replace(merge, bounds=bounds)
+    def _summarised(self, merge: Merge, flag: str) -> tuple[Merge | None, _Rows | None]:
+        """The MERGE with its source cached and bounded by its own time range (None when it has
+        no rows: then nothing is committed, on any execution of the batch the same), and the
+        count and time span of its rows where the boolean ``flag`` column holds (None: none),
+        all read by one job."""
         started = time.monotonic()
         source = merge.source.persist(StorageLevel.MEMORY_AND_DISK)
+        at = merge.time_column
         found = source.agg(
             F.count("*").alias("n"),
-            F.expr(f"unix_millis(min({merge.time_column}))").alias("lo"),
-            F.expr(f"unix_millis(max({merge.time_column}))").alias("hi"),
+            F.expr(f"unix_millis(min({at}))").alias("lo"),
+            F.expr(f"unix_millis(max({at}))").alias("hi"),
+            F.count_if(F.col(flag)).alias("f_n"),
+            F.expr(f"unix_millis(min(CASE WHEN {flag} THEN {at} END))").alias("f_lo"),
+            F.expr(f"unix_millis(max(CASE WHEN {flag} THEN {at} END))").alias("f_hi"),
         ).first()
         self.timer.since(f"{merge.name}:source", started)
         if found is None or not found.n:
             source.unpersist()
-            return None
+            return None, None
         self.counts[f"{merge.name}_rows"] = int(found.n)
-        return replace(merge, source=source, bounds=(int(found.lo), int(found.hi)))
+        flagged = _Rows(int(found.f_n), (int(found.f_lo), int(found.f_hi))) if found.f_n else None
+        return replace(merge, source=source, bounds=(int(found.lo), int(found.hi))), flagged
 
     def _run(self, merge: Merge | None) -> None:
         if merge is None:
@@ -379,7 +406,7 @@ class GoldUpdate:
         builder = (
             DeltaTable.forPath(self.spark, self.tables.path(merge.name))
             .alias("t")
-            .merge(merge.source.alias("s"), condition)
+            .merge(merge.source.drop(*merge.unwritten).alias("s"), condition)
         )
         if merge.update is None:
             builder = builder.whenMatchedUpdateAll(condition=merge.update_condition)

@@ -384,6 +384,7 @@ def test_a_batch_attributes_with_carried_clicks_as_with_silvers_whole_lookback(
     ]
     batch_rows = rows(spark, t.SILVER, *conversions).withColumn("outcome", F.lit(ACCEPTED))
     w_prev, w_cur = metas[2].watermark_ms, T0_MS + 20 * 60_000
+    span = (T0_MS + 21 * 60_000, T0_MS + 30 * 60_000 + 30_000)  # the accepted events'
 
     def attributed(clicks: CarriedClicks | None) -> dict[str, str | None]:
         update = GoldUpdate(
@@ -396,7 +397,7 @@ def test_a_batch_attributes_with_carried_clicks_as_with_silvers_whole_lookback(
             lookback_seconds=lookback_s,
             carried_clicks=clicks,
         )
-        merge, _ = update._attribution_source(batch_rows)
+        merge, _ = update._attribution_source(batch_rows, span)
         assert merge is not None
         found = {r.conversion_id: r.click_id for r in merge.source.collect()}
         merge.source.unpersist()

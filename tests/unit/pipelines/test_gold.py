@@ -392,3 +392,20 @@ def test_a_merge_source_from_one_side_only(spark: SparkSession) -> None:
         got = recomputed_or_current(recomputed, current, keys=keys, values=values)
         assert [tuple(r) for r in got.collect()] == [(at(0), "ad-1", 3)]
         assert got.columns == ["window_start", "ad_id", "clicks"]
+
+
+def test_a_merge_source_flags_its_recomputed_rows(spark: SparkSession) -> None:
+    """With ``flag``, each row says whether it was recomputed: what the attributions MERGE counts
+    (its conversions (re)attributed and their span) from its cached source, in one job."""
+    keys, values = ("window_start", "ad_id"), ("clicks",)
+    recomputed = spark.createDataFrame([(at(1), "ad-1", 5, False)], WINDOWS).drop("is_final")
+    current = spark.createDataFrame([(at(0), "ad-1", 3, False), (at(1), "ad-1", 4, False)], WINDOWS)
+    both = recomputed_or_current(recomputed, current, keys=keys, values=values, flag="_recomputed")
+    assert sorted(tuple(r) for r in both.collect()) == [
+        (at(0), "ad-1", 3, False),
+        (at(1), "ad-1", 5, True),
+    ]
+    for one, alone, expected in ((recomputed, None, True), (None, current, False)):
+        got = recomputed_or_current(one, alone, keys=keys, values=values, flag="_recomputed")
+        assert got.columns == ["window_start", "ad_id", "clicks", "_recomputed"]
+        assert {r._recomputed for r in got.collect()} == {expected}
