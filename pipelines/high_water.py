@@ -16,8 +16,14 @@ yet, and that is decidable once per run:
   generation the dedup state remembers every event id it accepted (across restarts), so silver
   appends when it held only this app id's events at the start: the ledger holds rows of this app
   id only and silver no row of another generation. After a replay or a checkpoint rewound under
-  another app id it stays a keyed MERGE for the whole generation (what ``classify(stored=...)``
-  cannot see beyond re-read offsets, the MERGE still catches).
+  another app id the dedup state has not seen every event silver holds: silver is a keyed MERGE
+  (what ``classify(stored=...)`` cannot see beyond re-read offsets, the MERGE still catches)
+  until the batch's watermark reaches the latest event time silver held at the start. Then no
+  event a batch above the marks accepts can have a row yet: it is later than the watermark
+  (only a re-read record keeps an earlier decision instead), and a re-sent event carries its
+  original event time (the MERGE's event-time scope assumes as much), so silver held no row of
+  it at the start; a row this run added, its dedup state saw (a re-read record it kept
+  accepted added none: silver held it already).
 - The ledger is keyed by (app id, batch id): a batch above the highest this app id had appends.
 - Closed sessions are written in the watermark interval ``(w_prev, w_cur]`` of their end: a
   batch appends when every session the table held at the start ended at or before ``w_prev``.
@@ -45,13 +51,18 @@ class HighWater:
     ledger_batch: int  # highest batch id of this app id in the ledger (-1: none)
     session_end_ms: int  # latest session_end held (NEVER: no session)
     silver_exclusive: bool  # silver held only this app id's events
+    silver_until_ms: int  # latest event time silver held (NEVER: no row)
 
     def records_fresh(self, ranges: dict[tuple[str, int], list[int]]) -> bool:
         """Whether a batch reading these (from, to, n) offset ranges can append its records."""
         return all(lo > self.offsets.get(tp, -1) for tp, (lo, _hi, _n) in ranges.items())
 
-    def silver_fresh(self, ranges: dict[tuple[str, int], list[int]]) -> bool:
-        return self.silver_exclusive and self.records_fresh(ranges)
+    def silver_fresh(self, ranges: dict[tuple[str, int], list[int]], watermark_ms: int) -> bool:
+        """Whether a batch reading these offset ranges, under this watermark, can append to
+        silver."""
+        return self.records_fresh(ranges) and (
+            self.silver_exclusive or self.silver_until_ms <= watermark_ms
+        )
 
     def ledger_fresh(self, batch_id: int) -> bool:
         return batch_id > self.ledger_batch
@@ -91,6 +102,7 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
             .agg(
                 F.count("*").alias("rows"),
                 F.count(F.when(F.col("generation") != generation, 1)).alias("foreign"),
+                F.expr("unix_millis(max(event_time))").alias("until"),
             )
             .first()
         )
@@ -116,4 +128,5 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
         int(mine.mine) if mine.mine is not None else -1,
         int(ended[0]) if ended and ended[0] is not None else NEVER,
         silver_exclusive,
+        int(held.until) if held.until is not None else NEVER,
     )

@@ -119,7 +119,7 @@ def record_writes(
                 silver,
                 "t.event_id = s.event_id AND t.event_time BETWEEN "
                 f"timestamp_millis({span[0]}) AND timestamp_millis({span[1]})",
-                high_water.silver_fresh(ranges),
+                high_water.silver_fresh(ranges, watermark_ms),
             )
         )
     return [replace(w, rows=w.rows.select(*t.columns(w.name))) for w in writes]

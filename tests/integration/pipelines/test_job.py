@@ -7,6 +7,7 @@ import json
 import shutil
 from collections import Counter
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 
 import pytest
@@ -18,7 +19,7 @@ from app.runtime.kafka_io import KafkaConnection, app_topics, ensure_topics
 from app.runtime.settings import Settings
 from app.stack.secure_kafka import EVENTS, JOB
 from app.tools.audit import audit
-from app.tools.generator import GenConfig, plan_traffic, produce
+from app.tools.generator import GenConfig, iso_millis, plan_traffic, produce
 from app.tools.quality import run_quality
 from app.tools.reconcile import reconcile
 from app.tools.verify import diff, observed
@@ -26,7 +27,7 @@ from pipelines import job
 from pipelines import tables as t
 from pipelines.dimension import upsert_dim_ads
 from schemas import ad_event as c
-from tests.builders import run_adattr, settings_env
+from tests.builders import event, run_adattr, settings_env
 from tests.conftest import SecureBroker, isolated_settings
 
 pytestmark = pytest.mark.integration
@@ -288,3 +289,76 @@ def test_writes_are_idempotent_even_without_delta_txn(spark, settings: Settings,
     rerun = spark.read.format("delta").load(f"{_warehouse(settings)}/{t.LEDGER}")
     rerun_batches = {r.batch_id for r in rerun.where("app_id = 'adattr-other-app-id'").collect()}
     assert 0 in rerun_batches and len(rerun_batches) >= 2
+
+
+def test_silver_appends_again_once_the_watermark_passes_the_events_it_held(
+    spark, settings: Settings, golden, events_kafka: KafkaConnection
+) -> None:  # type: ignore[no-untyped-def]
+    """After the run above (a rewound checkpoint under another app id, as after a replay: the
+    dedup state has not seen every event silver holds), silver is a keyed MERGE until a
+    batch's watermark reaches the latest event time silver held when the run started; the
+    batches after that append. Nothing is written twice either way: an old event re-sent is
+    late, a new one re-sent while the state holds it a duplicate, and the audit holds."""
+
+    def load(name: str):  # type: ignore[no-untyped-def]
+        return spark.read.format("delta").load(f"{_warehouse(settings)}/{name}")
+
+    def outcomes() -> Counter[str]:
+        total: Counter[str] = Counter()
+        for r in load(t.LEDGER).select("counts").collect():
+            total.update(r.counts)
+        return total
+
+    rewound = load(t.LEDGER).where(F.col("app_id") == "adattr-other-app-id")
+    assert rewound.count() > 0, "runs after the rewound checkpoint's test"
+    silver = DeltaTable.forPath(spark, f"{_warehouse(settings)}/{t.SILVER}")
+    versions = silver.history().agg(F.max("version")).first()[0]
+    latest = load(t.SILVER).orderBy(F.col("event_time").desc(), "event_id").first()
+    held_ms = load(t.SILVER).agg(F.expr("unix_millis(max(event_time))")).first()[0]
+    resent = (
+        load(t.BRONZE)
+        .where(
+            (F.col("kafka_partition") == latest.kafka_partition)
+            & (F.col("kafka_offset") == latest.kafka_offset)
+        )
+        .first()
+    )
+    before = outcomes()
+    # All on the re-sent record's key, so one partition holds them in this order, and the
+    # batches (settings.max_offsets_per_trigger = 700) are offsets 0-699, 700-1399, 1400-1501 of
+    # them: the first's watermark is behind silver's latest event (MERGE), the second's past it
+    # (append); the third accepts nothing, so it writes no silver.
+    start = datetime.fromtimestamp(held_ms / 1000, UTC) + timedelta(minutes=10)
+    fresh = [
+        event(
+            f"after-{i:05d}",
+            event_time=iso_millis(start + timedelta(seconds=i)),
+            user_id=latest.user_id,
+            ad_id=golden.dim_rows[0][0],
+        )
+        for i in range(1400)
+    ]
+    records = [(resent.raw_key, json.dumps(e).encode()) for e in fresh]
+    # The last batch: a new event the dedup state holds (its time is past that batch's watermark,
+    # 3 minutes behind the 1,399th event's), and the old event, behind it.
+    records += [records[1300], (resent.raw_key, resent.raw_value)]
+    produce(records, events_kafka, settings.input_topic, progress=False)
+    job.run(spark, settings, available_now=True)
+
+    ops = [
+        r.operation
+        for r in silver.history().where(F.col("version") > versions).orderBy("version").collect()
+        if r.operation != "OPTIMIZE"  # Delta's auto compaction changes no data
+    ]
+    assert ops == ["MERGE", "WRITE"], ops
+    ids = load(t.SILVER).where(F.col("event_id").startswith("after-"))
+    assert ids.count() == ids.select("event_id").distinct().count() == len(fresh)
+    assert load(t.SILVER).where(F.col("event_id") == latest.event_id).count() == 1
+    after = outcomes()
+    assert (after["accepted"], after["duplicate"], after["late"]) == (
+        before["accepted"] + len(fresh),
+        before["duplicate"] + 1,
+        before["late"] + 1,
+    )
+    checks = audit(spark, _warehouse(settings), KafkaConnection.of(settings))
+    assert [c.name for c in checks if not c.ok] == []

@@ -13,6 +13,7 @@ def marks(**kw: object) -> HighWater:
         "ledger_batch": 7,
         "session_end_ms": 5_000,
         "silver_exclusive": True,
+        "silver_until_ms": 9_000,
     }
     return HighWater(**{**base, **kw})  # type: ignore[arg-type]
 
@@ -27,11 +28,20 @@ def test_records_append_only_above_every_partition_mark() -> None:
     assert hw.records_fresh({})  # a batch of no records writes no record
 
 
-def test_silver_appends_only_while_it_holds_this_app_ids_events_alone() -> None:
+def test_silver_appends_while_it_holds_this_app_ids_events_alone() -> None:
     fresh = {(TOPIC, 0): [100, 180, 81]}
-    assert marks().silver_fresh(fresh)
-    assert not marks(silver_exclusive=False).silver_fresh(fresh)
-    assert not marks().silver_fresh({(TOPIC, 0): [10, 180, 171]})
+    assert marks().silver_fresh(fresh, watermark_ms=0)
+    assert not marks().silver_fresh({(TOPIC, 0): [10, 180, 171]}, watermark_ms=0)
+
+
+def test_silver_held_other_events_appends_once_the_watermark_reaches_them() -> None:
+    """After a replay or a rewound checkpoint: keyed until the batch's watermark reaches the
+    latest event time silver held at the start (an accepted event is later than it)."""
+    fresh = {(TOPIC, 0): [100, 180, 81]}
+    shared = marks(silver_exclusive=False)
+    assert not shared.silver_fresh(fresh, watermark_ms=8_999)
+    assert shared.silver_fresh(fresh, watermark_ms=9_000)
+    assert not shared.silver_fresh({(TOPIC, 0): [10, 180, 171]}, watermark_ms=10_000)
 
 
 def test_ledger_and_sessions_marks() -> None:

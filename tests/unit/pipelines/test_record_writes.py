@@ -76,6 +76,7 @@ def marks(silver_exclusive: bool = True) -> HighWater:
         ledger_batch=3,
         session_end_ms=0,
         silver_exclusive=silver_exclusive,
+        silver_until_ms=10_000,
     )
 
 
@@ -118,3 +119,29 @@ def test_a_batch_overlapping_the_marks_merges(spark: SparkSession) -> None:
         (t.LATE, False),
         (t.SILVER, False),
     ]
+
+
+def test_silver_holding_other_events_appends_from_a_watermark_past_them(
+    spark: SparkSession,
+) -> None:
+    """Silver held events this app id's dedup state never saw (a replay, a rewound checkpoint),
+    the latest at 10,000: a fresh batch MERGEs them until its watermark reaches that time."""
+    rows = classified_frame(spark)
+    ranges, counts = ranges_and_counts(STATS)
+
+    def silver_fresh(watermark_ms: int) -> bool:
+        writes = record_writes(
+            rows,
+            ranges,
+            counts,
+            accepted_span(STATS),
+            watermark_ms=watermark_ms,
+            dim_version=2,
+            high_water=marks(silver_exclusive=False),
+        )
+        assert [w.fresh for w in writes[:-1]] == [True, True]  # bronze, quarantine: above marks
+        assert writes[-1].name == t.SILVER
+        return writes[-1].fresh
+
+    assert not silver_fresh(9_999)
+    assert silver_fresh(10_000)
