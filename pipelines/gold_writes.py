@@ -67,9 +67,9 @@ class Merge:
     update: dict[str, str | Column] | None
     update_condition: str | None = None
     bounds: tuple[int, int] | None = None
-    # Source columns that only summarise it: dropped before the MERGE (the cached source keeps
-    # them).
-    unwritten: tuple[str, ...] = ()
+    # A boolean source column marking the rows to count apart (``GoldUpdate._summarised``),
+    # not a column of the table: dropped before the MERGE (the cached source keeps it).
+    flag: str | None = None
 
 
 class GoldUpdate:
@@ -279,9 +279,8 @@ class GoldUpdate:
                     time_column="conversion_time",
                     update=None,  # every column; a final attribution stays as it is
                     update_condition="NOT t.is_final",
-                    unwritten=(_RECOMPUTED,),
-                ),
-                flag=_RECOMPUTED,
+                    flag=_RECOMPUTED,
+                )
             )
         finally:
             affected.unpersist()
@@ -358,11 +357,13 @@ class GoldUpdate:
         (w_prev, w_cur] (a superset is safe: it only reads more files)."""
         return min(span[0], self.w_prev - width), max(span[1], self.watermark_ms)
 
-    def _summarised(self, merge: Merge, flag: str) -> tuple[Merge | None, _Rows | None]:
+    def _summarised(self, merge: Merge) -> tuple[Merge | None, _Rows | None]:
         """The MERGE with its source cached and bounded by its own time range (None when it has
         no rows: then nothing is committed, on any execution of the batch the same), and the
-        count and time span of its rows where the boolean ``flag`` column holds (None: none),
-        all read by one job."""
+        count and time span of its rows where its ``flag`` column holds (None: none), all read
+        by one job."""
+        assert merge.flag is not None, "a source with rows to count apart"
+        flag = merge.flag
         started = time.monotonic()
         source = merge.source.persist(StorageLevel.MEMORY_AND_DISK)
         at = merge.time_column
@@ -403,10 +404,11 @@ class GoldUpdate:
         condition = " AND ".join(f"t.{k} = s.{k}" for k in merge.keys) + (
             f" AND t.{merge.time_column} BETWEEN timestamp_millis({lo}) AND timestamp_millis({hi})"
         )
+        source = merge.source if merge.flag is None else merge.source.drop(merge.flag)
         builder = (
             DeltaTable.forPath(self.spark, self.tables.path(merge.name))
             .alias("t")
-            .merge(merge.source.drop(*merge.unwritten).alias("s"), condition)
+            .merge(source.alias("s"), condition)
         )
         if merge.update is None:
             builder = builder.whenMatchedUpdateAll(condition=merge.update_condition)
