@@ -17,13 +17,14 @@ yet, and that is decidable once per run:
   appends when it held only this app id's events at the start: the ledger holds rows of this app
   id only and silver no row of another generation. After a replay or a checkpoint rewound under
   another app id the dedup state has not seen every event silver holds: silver is a keyed MERGE
-  (what ``classify(stored=...)`` cannot see beyond re-read offsets, the MERGE still catches)
-  until the batch's watermark reaches the latest event time silver held at the start. Then no
-  event a batch above the marks accepts can have a row yet: it is later than the watermark
-  (only a re-read record keeps an earlier decision instead), and a re-sent event carries its
-  original event time (the MERGE's event-time scope assumes as much), so silver held no row of
-  it at the start; a row this run added, its dedup state saw (a re-read record it kept
-  accepted added none: silver held it already).
+  until the batch's watermark reaches the latest event time silver held at the start, and each
+  such batch classifies with silver's event ids (``classify(stored=...)``), so a re-send of an
+  event the state never saw is a duplicate in the ledger too, not an accepted record the MERGE
+  then drops. Then no event a batch above the marks accepts can have a row yet: it is later
+  than the watermark (only a re-read record keeps an earlier decision instead), and a re-sent
+  event carries its original event time (the MERGE's event-time scope assumes as much), so
+  silver held no row of it at the start; a row this run added, its dedup state saw (a re-read
+  record it kept accepted added none: silver held it already).
 - The ledger is keyed by (app id, batch id): a batch above the highest this app id had appends.
 - Closed sessions are written in the watermark interval ``(w_prev, w_cur]`` of their end: a
   batch appends when every session the table held at the start ended at or before ``w_prev``.
@@ -57,12 +58,15 @@ class HighWater:
         """Whether a batch reading these (from, to, n) offset ranges can append its records."""
         return all(lo > self.offsets.get(tp, -1) for tp, (lo, _hi, _n) in ranges.items())
 
+    def silver_unseen(self, watermark_ms: int) -> bool:
+        """Whether silver may hold an event, later than this watermark, that this run's dedup
+        state never saw (a batch under it must look such events up in silver)."""
+        return not self.silver_exclusive and self.silver_until_ms > watermark_ms
+
     def silver_fresh(self, ranges: dict[tuple[str, int], list[int]], watermark_ms: int) -> bool:
         """Whether a batch reading these offset ranges, under this watermark, can append to
         silver."""
-        return self.records_fresh(ranges) and (
-            self.silver_exclusive or self.silver_until_ms <= watermark_ms
-        )
+        return self.records_fresh(ranges) and not self.silver_unseen(watermark_ms)
 
     def ledger_fresh(self, batch_id: int) -> bool:
         return batch_id > self.ledger_batch

@@ -163,10 +163,15 @@ class PriorDecisions:
         )
         return accepted.unionByName(late)
 
-    def stored_ids(self) -> DataFrame:
-        """Event ids silver already holds, with where they were read: a replay's fresh dedup
-        state does not remember events an earlier generation accepted, silver does."""
-        return self.tables.load(t.SILVER).select(
-            "event_id",
-            F.struct("kafka_topic", "kafka_partition", "kafka_offset").alias("stored_at"),
+    def stored_ids(self, watermark_ms: int) -> DataFrame:
+        """Event ids silver already holds, later than the batch's watermark (a record at or
+        behind it is late whatever silver holds), with where they were read: a replay's fresh
+        dedup state does not remember events an earlier generation accepted, silver does."""
+        return (
+            self.tables.load(t.SILVER)
+            .where(F.col("event_time") > F.timestamp_millis(F.lit(watermark_ms)))
+            .select(
+                "event_id",
+                F.struct("kafka_topic", "kafka_partition", "kafka_offset").alias("stored_at"),
+            )
         )

@@ -144,12 +144,16 @@ class AttributionSink:
             "kafka_topic", "kafka_partition", "kafka_offset"
         )
         prior = self.decisions.prior(batch_id)
+        # Silver's event ids, where the dedup state may not know them all: offsets an earlier
+        # generation read, or any batch while silver may hold events it never saw.
+        assert self.high_water is not None
+        unseen = prior is not None or self.high_water.silver_unseen(meta.watermark_ms)
         classified = classify(
             records,
             firsts,
             watermark_ms=meta.watermark_ms,
             prior=prior,
-            stored=self.decisions.stored_ids() if prior is not None else None,
+            stored=self.decisions.stored_ids(meta.watermark_ms) if unseen else None,
         )
         rows = self.tables.stamped(enrich(classified, dim), batch_id)
         rows.persist(StorageLevel.MEMORY_AND_DISK)

@@ -233,7 +233,9 @@ def classify(
 
     ``stored`` (``event_id``, ``stored_at`` coordinates) lists events already accepted: a
     record of one of them read elsewhere is a duplicate even when the dedup state, which starts
-    empty in a replay's new checkpoint, has never seen it.
+    empty in a replay's new checkpoint, has never seen it; the record read there is accepted
+    even when the dedup state picks another copy this time (copies in two partitions reach it
+    in any order).
     """
     keys = ["kafka_topic", "kafka_partition", "kafka_offset"]
     # One watermark for a micro-batch; a column (each row's batch's) when reconciling.
@@ -252,8 +254,10 @@ def classify(
         joined = joined.join(
             stored.select("event_id", "stored_at").dropDuplicates(["event_id"]), "event_id", "left"
         )
-        outcome = outcome.when(
-            F.col("stored_at").isNotNull() & (F.col("stored_at") != here), F.lit(DUPLICATE)
+        # Silver holds the event: as this very record (a re-executed batch's earlier attempt
+        # accepted it, whichever copy the dedup state picks this time) or as another.
+        outcome = outcome.when(F.col("stored_at") == here, F.lit(ACCEPTED)).when(
+            F.col("stored_at").isNotNull(), F.lit(DUPLICATE)
         )
     outcome = outcome.when(F.col("_first").isNull(), F.lit(DUPLICATE)).otherwise(F.lit(ACCEPTED))
     return joined.withColumn("outcome", outcome).drop("_first", "prior_outcome", "stored_at")

@@ -44,6 +44,16 @@ def test_silver_held_other_events_appends_once_the_watermark_reaches_them() -> N
     assert not shared.silver_fresh({(TOPIC, 0): [10, 180, 171]}, watermark_ms=10_000)
 
 
+def test_a_batch_looks_up_silver_while_it_may_hold_events_the_state_never_saw() -> None:
+    """The batches silver MERGEs into also classify with silver's event ids: a re-send of an
+    event the dedup state never saw is a duplicate, not an accepted record the MERGE drops."""
+    assert not marks().silver_unseen(watermark_ms=0)  # this generation's state saw them all
+    shared = marks(silver_exclusive=False)
+    assert shared.silver_unseen(watermark_ms=8_999)
+    assert not shared.silver_unseen(watermark_ms=9_000)  # anything it holds is late now
+    assert not marks(silver_exclusive=False, silver_until_ms=NEVER).silver_unseen(watermark_ms=0)
+
+
 def test_ledger_and_sessions_marks() -> None:
     hw = marks()
     assert hw.ledger_fresh(8) and not hw.ledger_fresh(7) and not hw.ledger_fresh(0)

@@ -7,6 +7,7 @@ from decimal import Decimal
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from pipelines.tables import DIM_ADS, table
 from pipelines.transforms import DUPLICATE, LATE, classify, enrich, parse_events
@@ -112,3 +113,25 @@ def test_an_event_silver_already_holds_is_a_duplicate_whatever_the_dedup_state(
     rows = classify(parsed, firsts, watermark_ms=WATERMARK_MS, stored=stored)
     outcomes = {r.event_id: r.outcome for r in rows.collect()}
     assert outcomes == {"kept": "accepted", "copy": "duplicate", "new": "accepted"}
+
+
+def test_the_copy_silver_holds_stays_accepted_whichever_copy_the_state_picks(
+    spark: SparkSession,
+) -> None:
+    """A re-executed batch: its earlier attempt accepted one of an event's two copies (silver
+    holds it there); this time the dedup state emits the other first. Silver's copy stays
+    accepted and the other is a duplicate, so the ledger counts what silver holds."""
+    values = [
+        event("e", event_time="2026-11-20T10:30:00.000Z"),  # offset 0: silver holds it
+        event("e", event_time="2026-11-20T10:30:00.000Z"),  # offset 1: the state's pick now
+    ]
+    parsed = kafka_rows(spark, values, partitions=1).transform(parse_events(max_bytes=4096))
+    firsts = parsed.where("kafka_offset = 1").select(
+        "kafka_topic", "kafka_partition", "kafka_offset"
+    )
+    stored = parsed.where("kafka_offset = 0").select(
+        "event_id", F.struct("kafka_topic", "kafka_partition", "kafka_offset").alias("stored_at")
+    )
+    rows = classify(parsed, firsts, watermark_ms=WATERMARK_MS, stored=stored)
+    outcomes = {r.kafka_offset: r.outcome for r in rows.collect()}
+    assert outcomes == {0: "accepted", 1: "duplicate"}
