@@ -293,6 +293,8 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
     query = job.start(spark, settings, available_now=False, observer=observe)
     records = traffic.main[: size * (rounds + 1)]
     warm: set[int] = set()
+    local = settings.local_warehouse
+    warm_versions: dict[str, int] = {}
     for i in range(rounds + 1):  # the first round warms the job up and is not counted
         seen = len(read)
         chunk = records[i * size : (i + 1) * size]
@@ -307,6 +309,7 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
             query.awaitTermination(1)
         if i == 0:
             warm = set(read)
+            warm_versions = commit_versions(local) if local is not None else {}
     # The observer runs inside a batch; Spark posts the batch's progress after it returns. Wait
     # for every observed batch's progress (the last one's was missing once: one round uncounted).
     progress = _progress_of(query, set(read), timeout=120)
@@ -332,6 +335,8 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
                 # the sink's own phases, median per batch (the rest is Spark's, around it)
                 "data_split_s": _median_steps(data_steps),
                 "empty_split_s": _median_steps(empty_steps),
+                # Delta's own split of the counted batches' writes (None: not on local disk)
+                "delta_ms": None if local is None else delta_write_split(local, warm_versions),
             }
         )
     )
@@ -508,6 +513,62 @@ def files_per_table(warehouse: Path) -> dict[str, int]:
             except (OSError, ValueError, KeyError):
                 continue  # being written: the one before
     return counts
+
+
+# Delta's own timing of a write, in its commit's operationMetrics (milliseconds), as reported.
+DELTA_TIMES = {
+    "executionTimeMs": "execution",
+    "materializeSourceTimeMs": "copying the source",
+    "scanTimeMs": "scan",
+    "rewriteTimeMs": "rewrite",
+}
+
+
+def commit_versions(warehouse: Path) -> dict[str, int]:
+    """Each table's newest commit version, from the commit files on disk (-1: none yet)."""
+    from pipelines import tables as t
+
+    return {
+        table.name: max((int(c.stem) for c in _commits(warehouse, table.name)), default=-1)
+        for table in t.TABLES
+    }
+
+
+def delta_write_split(warehouse: Path, after: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """How Delta itself split the time of each table's writes committed after ``after`` (a
+    version per table), per table and operation ("gold_ad_metrics_1m MERGE"): how many, and
+    the median of each of ``DELTA_TIMES`` Delta reported (ms). Read from the commit files (the
+    commitInfo action holds the metrics): it costs the job nothing. Appends report no times."""
+    from pipelines import tables as t
+
+    found: dict[str, list[dict[str, str]]] = {}
+    for table in t.TABLES:
+        since = after.get(table.name, -1)
+        for commit in sorted(_commits(warehouse, table.name), key=lambda c: int(c.stem)):
+            if int(commit.stem) <= since:
+                continue
+            for line in commit.read_text().splitlines():
+                info = json.loads(line).get("commitInfo")
+                if info is not None and "executionTimeMs" in info.get("operationMetrics", {}):
+                    found.setdefault(f"{table.name} {info['operation']}", []).append(
+                        info["operationMetrics"]
+                    )
+    return {
+        key: {
+            "n": len(metrics),
+            **{
+                label: statistics.median(int(m[name]) for m in metrics)
+                for name, label in DELTA_TIMES.items()
+                if all(name in m for m in metrics)
+            },
+        }
+        for key, metrics in sorted(found.items())
+    }
+
+
+def _commits(warehouse: Path, table: str) -> list[Path]:
+    log = warehouse / table / "_delta_log"
+    return [f for f in log.glob("*.json") if f.stem.isdigit()] if log.is_dir() else []
 
 
 def _batch_of(progress: dict[str, Any]) -> tuple[float, float, int]:
@@ -912,6 +973,9 @@ def print_fixed(fixed: dict[str, Any]) -> None:
         split = fixed.get(f"{kind}_split_s") or {}
         parts = "  ".join(f"{k} {x:.2f}s" for k, x in split.items())
         print(f"  {kind} batch, sink phases (median): {parts}")
+    for key, times in (fixed.get("delta_ms") or {}).items():
+        parts = "  ".join(f"{k} {x:,.0f}" for k, x in times.items() if k != "n")
+        print(f"  Delta's own split, {key} x{times['n']} (median ms): {parts}")
 
 
 def print_soak(soak: dict[str, Any]) -> None:

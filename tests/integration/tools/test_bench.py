@@ -48,6 +48,11 @@ def test_quick_bench_reports_every_variant(kafka_bootstrap: str, tmp_path: Path)
     assert summary["latency"]["files_end"][t.BRONZE] > 0
     fixed = summary["fixed_cost"]
     assert len(fixed["data_batches_s"]) >= 2 and fixed["empty_batches_s"], fixed
+    # Delta's own split of the counted batches' gold MERGEs, each copying its source first.
+    for table in (t.GOLD_1M, t.CTR_1H):
+        merge = fixed["delta_ms"][f"{table} MERGE"]
+        assert merge["n"] >= 2 and merge["copying the source"] > 0, fixed["delta_ms"]
+    assert f"Delta's own split, {t.GOLD_1M} MERGE" in done.stdout
     assert (results[0].parent / "bench.png").stat().st_size > 10_000
     assert "B3/B1 (textbook peer)" in done.stdout and "B3/B2 (cost of exactly-once)" in done.stdout
 
