@@ -293,8 +293,6 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
     query = job.start(spark, settings, available_now=False, observer=observe)
     records = traffic.main[: size * (rounds + 1)]
     warm: set[int] = set()
-    local = settings.local_warehouse
-    warm_versions: dict[str, int] = {}
     for i in range(rounds + 1):  # the first round warms the job up and is not counted
         seen = len(read)
         chunk = records[i * size : (i + 1) * size]
@@ -309,7 +307,6 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
             query.awaitTermination(1)
         if i == 0:
             warm = set(read)
-            warm_versions = commit_versions(local) if local is not None else {}
     # The observer runs inside a batch; Spark posts the batch's progress after it returns. Wait
     # for every observed batch's progress (the last one's was missing once: one round uncounted).
     progress = _progress_of(query, set(read), timeout=120)
@@ -323,6 +320,12 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
             (data if read[b] else empty).append(seconds)
             (data_steps if read[b] else empty_steps).append(steps[b])
     query.stop()
+    counted = set(progress) - warm
+    warehouse = settings.local_warehouse
+    assert warehouse is not None, "the bench's warehouse is a local folder (_run_env)"
+    delta_ms = delta_write_split(
+        warehouse, job.current_generation(settings.checkpoints).app_id, counted
+    )
     out.write_text(
         json.dumps(
             {
@@ -335,8 +338,8 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
                 # the sink's own phases, median per batch (the rest is Spark's, around it)
                 "data_split_s": _median_steps(data_steps),
                 "empty_split_s": _median_steps(empty_steps),
-                # Delta's own split of the counted batches' writes (None: not on local disk)
-                "delta_ms": None if local is None else delta_write_split(local, warm_versions),
+                # Delta's own split of the counted batches' writes
+                "delta_ms": delta_ms,
             }
         )
     )
@@ -524,35 +527,34 @@ DELTA_TIMES = {
 }
 
 
-def commit_versions(warehouse: Path) -> dict[str, int]:
-    """Each table's newest commit version, from the commit files on disk (-1: none yet)."""
+def delta_write_split(warehouse: Path, app_id: str, batches: set[int]) -> dict[str, dict[str, Any]]:
+    """How Delta itself split the time of the writes of ``batches`` (of the job's ``app_id``),
+    per table and operation ("gold_ad_metrics_1m MERGE"): how many commits, and the median of
+    each of ``DELTA_TIMES`` Delta reported (ms). A commit is the batch's by its Delta txn
+    (app id, version = batch id); read from the commit files (the commitInfo action holds the
+    metrics), so it costs the job nothing. Appends and compactions report no times."""
     from pipelines import tables as t
 
-    return {
-        table.name: max((int(c.stem) for c in _commits(warehouse, table.name)), default=-1)
-        for table in t.TABLES
-    }
-
-
-def delta_write_split(warehouse: Path, after: dict[str, int]) -> dict[str, dict[str, Any]]:
-    """How Delta itself split the time of each table's writes committed after ``after`` (a
-    version per table), per table and operation ("gold_ad_metrics_1m MERGE"): how many, and
-    the median of each of ``DELTA_TIMES`` Delta reported (ms). Read from the commit files (the
-    commitInfo action holds the metrics): it costs the job nothing. Appends report no times."""
-    from pipelines import tables as t
-
+    wanted = {(app_id, b) for b in batches}
     found: dict[str, list[dict[str, str]]] = {}
     for table in t.TABLES:
-        since = after.get(table.name, -1)
-        for commit in sorted(_commits(warehouse, table.name), key=lambda c: int(c.stem)):
-            if int(commit.stem) <= since:
+        log = warehouse / table.name / "_delta_log"
+        for commit in log.glob("*.json") if log.is_dir() else []:
+            if not commit.stem.isdigit():  # e.g. a compacted log, a v2 checkpoint
                 continue
-            for line in commit.read_text().splitlines():
-                info = json.loads(line).get("commitInfo")
-                if info is not None and "executionTimeMs" in info.get("operationMetrics", {}):
-                    found.setdefault(f"{table.name} {info['operation']}", []).append(
-                        info["operationMetrics"]
-                    )
+            actions = [json.loads(line) for line in commit.read_text().splitlines()]
+            txn = next((a["txn"] for a in actions if "txn" in a), None)
+            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), None)
+            if (
+                txn is None
+                or info is None
+                or (txn["appId"], txn["version"]) not in wanted
+                or "executionTimeMs" not in info.get("operationMetrics", {})
+            ):
+                continue
+            found.setdefault(f"{table.name} {info['operation']}", []).append(
+                info["operationMetrics"]
+            )
     return {
         key: {
             "n": len(metrics),
@@ -564,11 +566,6 @@ def delta_write_split(warehouse: Path, after: dict[str, int]) -> dict[str, dict[
         }
         for key, metrics in sorted(found.items())
     }
-
-
-def _commits(warehouse: Path, table: str) -> list[Path]:
-    log = warehouse / table / "_delta_log"
-    return [f for f in log.glob("*.json") if f.stem.isdigit()] if log.is_dir() else []
 
 
 def _batch_of(progress: dict[str, Any]) -> tuple[float, float, int]:
