@@ -10,6 +10,7 @@ Delta would silently skip real writes; callers derive it from the checkpoint gen
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -21,6 +22,8 @@ from pipelines import tables as t
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+# A commit's free-text note (commitInfo.userMetadata; DESCRIBE HISTORY shows it).
+COMMIT_NOTE = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 @contextmanager
@@ -33,6 +36,17 @@ def delta_txn(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
     finally:
         spark.conf.unset(TXN_APP_ID)
         spark.conf.unset(TXN_VERSION)
+
+
+@contextmanager
+def noted(spark: SparkSession, app_id: str, batch_id: int) -> Iterator[None]:
+    """Within the block, Delta commits of this session note which batch made them (JSON
+    ``{"app_id", "batch_id"}``): for a write that carries no txn ids, what says whose it is."""
+    spark.conf.set(COMMIT_NOTE, json.dumps({"app_id": app_id, "batch_id": batch_id}))
+    try:
+        yield
+    finally:
+        spark.conf.unset(COMMIT_NOTE)
 
 
 class Tables:

@@ -531,8 +531,10 @@ def delta_write_split(warehouse: Path, app_id: str, batches: set[int]) -> dict[s
     """How Delta itself split the time of the writes of ``batches`` (of the job's ``app_id``),
     per table and operation ("gold_ad_metrics_1m MERGE"): how many commits, and the median of
     each of ``DELTA_TIMES`` Delta reported (ms). A commit is the batch's by its Delta txn
-    (app id, version = batch id); read from the commit files (the commitInfo action holds the
-    metrics), so it costs the job nothing. Appends and compactions report no times."""
+    (app id, version = batch id), or, without one, by the note its commit carries (the
+    finalising UPDATEs, ``pipelines.delta_writes.noted``); read from the commit files (the
+    commitInfo action holds the metrics), so it costs the job nothing. Appends and
+    compactions report no times."""
     from pipelines import tables as t
 
     wanted = {(app_id, b) for b in batches}
@@ -545,12 +547,14 @@ def delta_write_split(warehouse: Path, app_id: str, batches: set[int]) -> dict[s
             actions = [json.loads(line) for line in commit.read_text().splitlines()]
             txn = next((a["txn"] for a in actions if "txn" in a), None)
             info = next((a["commitInfo"] for a in actions if "commitInfo" in a), None)
-            if (
-                txn is None
-                or info is None
-                or (txn["appId"], txn["version"]) not in wanted
-                or "executionTimeMs" not in info.get("operationMetrics", {})
-            ):
+            if info is None or "executionTimeMs" not in info.get("operationMetrics", {}):
+                continue
+            if txn is not None:
+                batch = (txn["appId"], txn["version"])
+            else:  # a write without txn ids notes its batch (pipelines.delta_writes.noted)
+                note = _json_object(info.get("userMetadata"))
+                batch = (note.get("app_id"), note.get("batch_id"))
+            if batch not in wanted:
                 continue
             found.setdefault(f"{table.name} {info['operation']}", []).append(
                 info["operationMetrics"]
@@ -566,6 +570,15 @@ def delta_write_split(warehouse: Path, app_id: str, batches: set[int]) -> dict[s
         }
         for key, metrics in sorted(found.items())
     }
+
+
+def _json_object(text: str | None) -> dict[str, Any]:
+    """``text`` as a JSON object; {} when it is none (someone else's note, or no note)."""
+    try:
+        value = json.loads(text or "")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _batch_of(progress: dict[str, Any]) -> tuple[float, float, int]:

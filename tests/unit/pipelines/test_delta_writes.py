@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from pipelines import tables as t
 from pipelines.carried_state import CarriedState
 from pipelines.click_state import SCHEMA, CarriedClicks, ClickState
-from pipelines.delta_writes import Tables, table_version
+from pipelines.delta_writes import COMMIT_NOTE, Tables, table_version
 from pipelines.gold_writes import GoldUpdate
 from pipelines.ledger import write_ledger
 from pipelines.offset_log import BatchMeta
@@ -440,3 +440,73 @@ def test_changed_records_are_the_batchs_stamped_rows_with_deterministic_ids(
     assert value["row"]["click_id"] is None  # present, as null
     assert value["row"]["conversion_time"] == "2026-11-20T10:00:00.000Z"
     assert value["row"]["revenue"] == 10.5
+
+
+def test_a_batch_of_none_finalises_the_rows_its_watermark_passed_once_and_commits_nothing_else(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The finalising UPDATE carries no Delta txn ids: it selects the rows it changes by their
+    not being final, so a re-executed batch changes nothing and commits nothing, and neither
+    does a batch with no row due."""
+    wh = warehouse(spark, tmp_path, t.GOLD_1M)
+    tables = Tables(spark, wh, "app-a", 2)
+    minute = timedelta(minutes=1)
+    zero = {"impressions": 1, "clicks": 0, "spend": Decimal(1), "conversions": 0}
+    rows(
+        spark,
+        t.GOLD_1M,
+        *[
+            {
+                **zero,
+                "window_start": T0 + i * minute,
+                "window_end": T0 + (i + 1) * minute,
+                "ad_id": ad,
+                "revenue": Decimal(0),
+                "is_final": final,
+                "generation": 1,
+                "batch_id": 0,
+            }
+            # windows ending at minutes 1..4; the one ending at 1 is final already
+            for i, ad, final in [(0, "a", True), (1, "a", False), (2, "b", False), (3, "a", False)]
+        ],
+    ).write.format("delta").mode("append").save(tables.path(t.GOLD_1M))
+    before = table_version(spark, tables.path(t.GOLD_1M))
+
+    def batch(batch_id: int, w_prev: datetime, watermark: datetime) -> dict[str, int]:
+        tables.versions.clear()
+        counts: dict[str, int] = {}
+        GoldUpdate(
+            tables,
+            StepTimer(),
+            batch_id,
+            w_prev=int((w_prev - datetime(1970, 1, 1)).total_seconds() * 1000),
+            watermark_ms=int((watermark - datetime(1970, 1, 1)).total_seconds() * 1000),
+            counts=counts,
+            lookback_seconds=600,
+        )._finalise(t.GOLD_1M, "window_end")
+        return counts
+
+    def table() -> list[tuple[int, bool, int, int]]:
+        return sorted(
+            (int(r.window_end.minute), r.is_final, r.generation, r.batch_id)
+            for r in tables.load(t.GOLD_1M).collect()
+        )
+
+    # The watermark moved from minute 1 to minute 3: the windows ending at 2 and 3 are due.
+    assert batch(7, T0 + minute, T0 + 3 * minute) == {f"{t.GOLD_1M}_rows": 2}
+    assert tables.versions == {t.GOLD_1M: before + 1}
+    after = [(1, True, 1, 0), (2, True, 2, 7), (3, True, 2, 7), (4, False, 1, 0)]
+    assert table() == after
+    # Its commit says which batch made it (the note, as there is no txn), and the note stays
+    # off the session's later writes.
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{tables.path(t.GOLD_1M)}` LIMIT 1").first()
+    assert history is not None and history.operation == "UPDATE"
+    assert json.loads(history.userMetadata) == {"app_id": "app-a", "batch_id": 7}
+    assert spark.conf.get(COMMIT_NOTE, None) is None
+    # The same batch re-executed: they are final now, so nothing changes and nothing commits.
+    assert batch(7, T0 + minute, T0 + 3 * minute) == {}
+    assert tables.versions == {} and table_version(spark, tables.path(t.GOLD_1M)) == before + 1
+    assert table() == after
+    # A batch whose watermark passed no row's end: no commit either.
+    assert batch(8, T0 + 3 * minute, T0 + 3 * minute + timedelta(seconds=30)) == {}
+    assert table_version(spark, tables.path(t.GOLD_1M)) == before + 1

@@ -16,11 +16,17 @@ def _commit(
     version: int,
     operation: str,
     batch: tuple[str, int] | None = None,
+    note: str | None = None,
     **metrics: int,
 ) -> Path:
     log = warehouse / table / "_delta_log"
     log.mkdir(parents=True, exist_ok=True)
-    info = {"operation": operation, "operationMetrics": {k: str(v) for k, v in metrics.items()}}
+    info: dict[str, object] = {
+        "operation": operation,
+        "operationMetrics": {k: str(v) for k, v in metrics.items()},
+    }
+    if note is not None:
+        info["userMetadata"] = note
     actions: list[dict[str, object]] = [{"commitInfo": info}]
     if batch is not None:
         actions.append({"txn": {"appId": batch[0], "version": batch[1]}})
@@ -47,7 +53,12 @@ def test_only_the_given_batches_writes_count_each_by_table_and_operation(tmp_pat
             rewriteTimeMs=200,
             numSourceRows=5,
         )
-    _commit(tmp_path, one, 5, "UPDATE", (APP, 5), executionTimeMs=700, scanTimeMs=300)
+    # The finalising UPDATEs carry no txn: their commits note the batch instead.
+    noted = json.dumps({"app_id": APP, "batch_id": 5})
+    _commit(tmp_path, one, 5, "UPDATE", note=noted, executionTimeMs=700, scanTimeMs=300)
+    other = json.dumps({"app_id": "another-app", "batch_id": 5})
+    _commit(tmp_path, one, 9, "UPDATE", note=other, executionTimeMs=9000, scanTimeMs=9000)
+    _commit(tmp_path, one, 10, "UPDATE", note="someone's own note", executionTimeMs=9000)
     _commit(tmp_path, one, 6, "MERGE", ("another-app", 3), executionTimeMs=8000)
     _commit(tmp_path, one, 7, "MERGE", (APP, 6), executionTimeMs=8000)  # stopped: no progress
     _commit(tmp_path, one, 8, "OPTIMIZE", None, numAddedFiles=1)  # no txn, no times
