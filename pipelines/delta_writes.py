@@ -147,7 +147,7 @@ def table_version(spark: SparkSession, path: str) -> int:
 def run_concurrently(writes: Sequence[Callable[[], object]], *, together: bool) -> None:
     """Runs independent writes at once (Spark's scheduler is thread-safe, and a Delta commit's
     fixed cost is mostly waiting), or one by one; the first failure is raised. Writes at once
-    must not share a session whose confs carry Delta txn ids."""
+    must not share a session whose confs carry Delta txn ids or a commit note (``noted``)."""
     if not together or len(writes) < 2:
         for write in writes:
             write()

@@ -1,8 +1,9 @@
 """One batch's gold writes: attributions, 1-minute windows and sliding hours, each a keyed MERGE
 with Delta's txn ids, recomputed from silver where the batch's events can have changed them and
 finalised where the watermark passed their end (the functions of ``pipelines.gold`` applied to
-bounded slices of silver). Rows are set, never added to, so a re-executed or replayed batch
-writes the same rows.
+bounded slices of silver; in a batch without accepted events, finalised by an UPDATE whose own
+condition makes it idempotent). Rows are set, never added to, so a re-executed or replayed
+batch writes the same rows.
 
 Every row ending at or before the previous batch's watermark is final already (the batch that
 moved the watermark past it wrote it final or finalised it), so a batch reads and rewrites only
@@ -75,9 +76,11 @@ class Merge:
 class GoldUpdate:
     """The gold MERGEs of one batch, whose watermark moved from ``w_prev`` to ``watermark_ms``;
     row counts go to ``counts`` (the ledger), durations to ``timer``. ``sessions``: two Spark
-    sessions besides the tables' own, for MERGEs that run at the same time (a MERGE takes its
-    Delta txn ids from its session's confs). ``carried_clicks``: the latest clicks the batch
-    may attribute with (``pipelines.click_state``; None: it reads silver's lookback)."""
+    sessions besides the tables' own, for the finalising UPDATEs that run at the same time
+    (each takes its commit's note from its session's confs, as a MERGE its Delta txn ids: in
+    one shared session, the first to finish would unset the others' note). ``carried_clicks``:
+    the latest clicks the batch may attribute with (``pipelines.click_state``; None: it reads
+    silver's lookback)."""
 
     def __init__(
         self,
@@ -203,14 +206,14 @@ class GoldUpdate:
         table more than the UPDATE's own. The SQL form returns how many rows it changed; the
         commit notes the batch instead (``noted``)."""
         started = time.monotonic()
-        after = f"timestamp_millis({self.w_prev})"
-        upto = f"timestamp_millis({self.watermark_ms})"
+        after = f"timestamp_millis({int(self.w_prev)})"
+        upto = f"timestamp_millis({int(self.watermark_ms)})"
         path = self.tables.path(name).replace("`", "``")
         stamp = f"generation = {int(self.tables.generation)}, batch_id = {int(self.batch_id)}"
         with noted(self.spark, self.tables.app_id, self.batch_id):
             changed = self.spark.sql(
                 f"UPDATE delta.`{path}` SET is_final = true, {stamp} "
-                f"WHERE {end} > {after} AND {end} <= {upto} AND NOT is_final"
+                f"WHERE `{end}` > {after} AND `{end}` <= {upto} AND NOT is_final"
             ).first()
         n = int(changed[0]) if changed is not None else 0
         self.timer.since(f"{name}:update", started)

@@ -19,9 +19,10 @@ NFSv3+, HDFS; S3 and GCS conditional puts), and a file is read whole or not at a
   long GC, a frozen VM) and lost the lease to another therefore stops at its next check.
 
 What it does not cover: a write already past its check when the pause begins lands after the
-expiry (the window is one batch's Delta commits; Delta's txn ids and keyed MERGEs make the new
-holder's re-execution of that batch a no-op, and the new holder's Kafka producer fences the old
-one's transaction through the shared ``transactional.id``). Clocks are assumed to agree within a
+expiry (the window is one batch's Delta commits; Delta's txn ids, keyed MERGEs and the
+finalising UPDATE's own condition make the new holder's re-execution of that batch a no-op, and
+the new holder's Kafka producer fences the old one's transaction through the shared
+``transactional.id``). Clocks are assumed to agree within a
 small fraction of the lease (NTP).
 """
 

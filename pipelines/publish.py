@@ -2,9 +2,10 @@
 
 Spark's own Kafka sink is at-least-once. This is the foreachBatch counterpart of Flink's
 TwoPhaseCommitSinkFunction: the batch's Delta commits come first (they are idempotent: Delta's
-txnAppId/txnVersion and keyed MERGEs), then one Kafka transaction carries every changed gold row
-*and* a marker ``(app id, batch id)`` on the compacted control topic, then the ledger row and
-Spark's commit log. A crash at any point is repaired by Spark re-executing the batch:
+txnAppId/txnVersion, keyed MERGEs, and the finalising UPDATEs' own condition), then one Kafka
+transaction carries every changed gold row *and* a marker ``(app id, batch id)`` on the
+compacted control topic, then the ledger row and Spark's commit log. A crash at any point is
+repaired by Spark re-executing the batch:
 
 - before the Kafka commit: the transaction is open or aborted; the restarted job's
   ``init_transactions`` (same ``transactional.id``) fences the dead producer and aborts it, the

@@ -14,6 +14,11 @@ second execution, twice over:
    silver by ``event_id``; gold rows are *recomputed* from silver for the windows the batch
    touched and set, never incremented.
 
+A batch without accepted events changes gold only by finalising (``GoldUpdate._finalise``): an
+UPDATE of the rows not final yet whose end the watermark passed in this batch. That condition
+alone makes it a no-op on a second execution (the rows are final then), so it carries no txn
+ids, and it commits nothing when it changes nothing.
+
 The writes run in a fixed order (bronze, quarantine, late, silver, gold, ledger) and the ledger
 row is last, so "a ledger row exists" means "the batch is complete in every table". Everything a
 batch decides (the watermark, the dimension version) comes from Spark's offset log entry for the

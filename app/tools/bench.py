@@ -553,7 +553,7 @@ def delta_write_split(warehouse: Path, app_id: str, batches: set[int]) -> dict[s
                 batch = (txn["appId"], txn["version"])
             else:  # a write without txn ids notes its batch (pipelines.delta_writes.noted)
                 note = _json_object(info.get("userMetadata"))
-                batch = (note.get("app_id"), note.get("batch_id"))
+                batch = (str(note.get("app_id")), _int_or_none(note.get("batch_id")))
             if batch not in wanted:
                 continue
             found.setdefault(f"{table.name} {info['operation']}", []).append(
@@ -579,6 +579,10 @@ def _json_object(text: str | None) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) else None
 
 
 def _batch_of(progress: dict[str, Any]) -> tuple[float, float, int]:

@@ -466,8 +466,16 @@ def test_a_batch_of_none_finalises_the_rows_its_watermark_passed_once_and_commit
                 "generation": 1,
                 "batch_id": 0,
             }
-            # windows ending at minutes 1..4; the one ending at 1 is final already
-            for i, ad, final in [(0, "a", True), (1, "a", False), (2, "b", False), (3, "a", False)]
+            # windows ending at minutes 1..4; the one ending at 1 is final already; the one of
+            # ad "c" ending at 1 is not, and is not due either (the previous batch's watermark
+            # had reached its end: not this batch's to finalise)
+            for i, ad, final in [
+                (0, "a", True),
+                (0, "c", False),
+                (1, "a", False),
+                (2, "b", False),
+                (3, "a", False),
+            ]
         ],
     ).write.format("delta").mode("append").save(tables.path(t.GOLD_1M))
     before = table_version(spark, tables.path(t.GOLD_1M))
@@ -495,7 +503,7 @@ def test_a_batch_of_none_finalises_the_rows_its_watermark_passed_once_and_commit
     # The watermark moved from minute 1 to minute 3: the windows ending at 2 and 3 are due.
     assert batch(7, T0 + minute, T0 + 3 * minute) == {f"{t.GOLD_1M}_rows": 2}
     assert tables.versions == {t.GOLD_1M: before + 1}
-    after = [(1, True, 1, 0), (2, True, 2, 7), (3, True, 2, 7), (4, False, 1, 0)]
+    after = [(1, False, 1, 0), (1, True, 1, 0), (2, True, 2, 7), (3, True, 2, 7), (4, False, 1, 0)]
     assert table() == after
     # Its commit says which batch made it (the note, as there is no txn), and the note stays
     # off the session's later writes.
@@ -510,3 +518,62 @@ def test_a_batch_of_none_finalises_the_rows_its_watermark_passed_once_and_commit
     # A batch whose watermark passed no row's end: no commit either.
     assert batch(8, T0 + 3 * minute, T0 + 3 * minute + timedelta(seconds=30)) == {}
     assert table_version(spark, tables.path(t.GOLD_1M)) == before + 1
+
+
+def test_a_batch_of_none_finalises_the_three_gold_tables_at_once_each_commit_noted(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The three UPDATEs run at once, each in its own session: each commit notes the batch and
+    carries no txn, and no session keeps the note."""
+    names = (t.ATTRIBUTIONS, t.GOLD_1M, t.CTR_1H)
+    wh = warehouse(spark, tmp_path, *names)
+    tables = Tables(spark, wh, "app-b", 3)
+    minute, hour = timedelta(minutes=1), timedelta(hours=1)
+    stamp = {"generation": 1, "batch_id": 0}
+    conversion = {"user_id": "u", "advertiser_id": "v", "revenue": Decimal(1), **stamp}
+    window = {"impressions": 1, "clicks": 0, **stamp}
+    one_minute = {**window, "ad_id": "a", "spend": Decimal(1), "conversions": 0}
+    sources = {
+        t.ATTRIBUTIONS: [
+            {**conversion, "conversion_id": "due", "conversion_time": T0 + 2 * minute},
+            {**conversion, "conversion_id": "later", "conversion_time": T0 + 9 * minute},
+        ],
+        t.GOLD_1M: [
+            {**one_minute, "window_start": T0 + i * minute, "window_end": T0 + (i + 1) * minute}
+            for i in (1, 8)
+        ],
+        t.CTR_1H: [
+            {**window, "campaign_id": "c", "window_start": T0 + s - hour, "window_end": T0 + s}
+            for s in (2 * minute, 10 * minute)
+        ],
+    }
+    for name, values in sources.items():
+        rows(
+            spark,
+            name,
+            *[{**v, "is_final": False, "revenue": v.get("revenue", Decimal(0))} for v in values],
+        ).write.format("delta").mode("append").save(tables.path(name))
+    sessions = (spark.newSession(), spark.newSession())
+    counts: dict[str, int] = {}
+    GoldUpdate(
+        tables,
+        StepTimer(),
+        5,
+        w_prev=T0_MS,
+        watermark_ms=T0_MS + 5 * 60_000,
+        counts=counts,
+        lookback_seconds=600,
+        sessions=sessions,
+    ).run(None, None)
+    assert counts == {f"{n}_rows": 1 for n in names}
+    assert set(tables.versions) == set(names)
+    for name in names:
+        commit = Path(tables.path(name)) / "_delta_log" / f"{tables.versions[name]:020d}.json"
+        actions = [json.loads(line) for line in commit.read_text().splitlines()]
+        info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+        assert info["operation"] == "UPDATE", name
+        assert json.loads(info["userMetadata"]) == {"app_id": "app-b", "batch_id": 5}, name
+        assert not any("txn" in a for a in actions), name
+        final = {r.is_final: (r.generation, r.batch_id) for r in tables.load(name).collect()}
+        assert final == {True: (3, 5), False: (1, 0)}, name
+    assert all(s.conf.get(COMMIT_NOTE, None) is None for s in (spark, *sessions))

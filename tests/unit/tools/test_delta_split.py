@@ -59,6 +59,12 @@ def test_only_the_given_batches_writes_count_each_by_table_and_operation(tmp_pat
     other = json.dumps({"app_id": "another-app", "batch_id": 5})
     _commit(tmp_path, one, 9, "UPDATE", note=other, executionTimeMs=9000, scanTimeMs=9000)
     _commit(tmp_path, one, 10, "UPDATE", note="someone's own note", executionTimeMs=9000)
+    warm_up = json.dumps({"app_id": APP, "batch_id": 1})  # a noted batch not counted
+    _commit(tmp_path, one, 11, "UPDATE", note=warm_up, executionTimeMs=9000)
+    odd = json.dumps({"app_id": [APP], "batch_id": "5"})  # a note of another shape
+    _commit(tmp_path, one, 12, "UPDATE", note=odd, executionTimeMs=9000)
+    # A txn says whose a commit is, whatever its note says.
+    _commit(tmp_path, one, 13, "UPDATE", ("another-app", 5), noted, executionTimeMs=9000)
     _commit(tmp_path, one, 6, "MERGE", ("another-app", 3), executionTimeMs=8000)
     _commit(tmp_path, one, 7, "MERGE", (APP, 6), executionTimeMs=8000)  # stopped: no progress
     _commit(tmp_path, one, 8, "OPTIMIZE", None, numAddedFiles=1)  # no txn, no times
