@@ -22,7 +22,13 @@ from app.tools.audit import audit
 from app.tools.generator import GenConfig, iso_millis, plan_traffic, produce
 from app.tools.quality import run_quality
 from app.tools.reconcile import reconcile
-from app.tools.replay import ledger_read_upto, spark_starting_offsets
+from app.tools.replay import (
+    describe_topic,
+    ledger_read_upto,
+    parse_offsets,
+    plan,
+    spark_starting_offsets,
+)
 from app.tools.verify import diff, observed
 from pipelines import job
 from pipelines import tables as t
@@ -389,8 +395,16 @@ def test_a_replay_counts_a_resend_of_an_event_it_never_read_a_duplicate(
     assert len(held) == 2, "runs after the previous test"
     resent, first = held["after-01250"], held["after-01300"]
     topic, partition = first.kafka_topic, first.kafka_partition
+    # Planned as `adattr replay --from-offsets` plans it: the named partition from the offset
+    # given, the others after the last offset the ledger says was read.
+    partitions = describe_topic(events_kafka, topic)
+    chosen = parse_offsets(
+        json.dumps({topic: {str(partition): first.kafka_offset}}), topic, partitions
+    )
     upto = ledger_read_upto(spark, _warehouse(settings), topic)
-    start = {p: o + 1 for p, o in upto.items()} | {partition: first.kafka_offset}
+    start = plan(topic=topic, partitions=partitions, chosen=chosen, read_upto=upto)
+    assert start[partition] == first.kafka_offset
+    assert all(start[p] == o + 1 for p, o in upto.items() if p != partition), (start, upto)
     old = job.current_generation(settings.checkpoints)
     job.run(
         spark,
