@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -11,6 +11,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from app.tools import truth
 from pipelines.gold import (
     SESSION_COLUMNS,
     attribute,
@@ -261,6 +262,43 @@ def test_each_minute_lies_in_twelve_sliding_hours(spark: SparkSession) -> None:
     assert starts == [at(-50 + 5 * i) for i in range(12)], "windows from 09:10 to 10:05"
     assert all(r.window_end - r.window_start == timedelta(hours=1) for r in ctr)
     assert {(r.impressions, r.clicks, r.ctr) for r in ctr} == {(4, 1, 0.25)}
+
+
+def test_sliding_hours_equal_the_sums_of_their_minutes(spark: SparkSession) -> None:
+    """campaign_ctr sums minutes per 5-minute slide before copying them into windows; the
+    windows must be those of summing each minute into its 12 windows (the truth file's rule),
+    slide boundaries and minutes without impressions or clicks included."""
+    rng = random.Random(5)
+    rows = [
+        (at(m), f"cmp-{ad % 3}", rng.choice([0, 0, 1, 4]), rng.choice([0, 1]))
+        for m in rng.sample(range(-70, 70), 90)
+        for ad in rng.sample(range(12), 4)
+    ]
+    minutes = spark.createDataFrame(
+        rows, "window_start timestamp, campaign_id string, impressions long, clicks long"
+    )
+    got = sorted(tuple(r) for r in campaign_ctr(minutes).drop("window_end").collect())
+    want = sorted(
+        (utc(h["window_start"]), h["campaign_id"], h["impressions"], h["clicks"], h["ctr"])
+        for h in truth.campaign_ctr(
+            [
+                {
+                    "window_start": truth.iso(m.replace(tzinfo=UTC)),
+                    "campaign_id": c,
+                    "impressions": i,
+                    "clicks": k,
+                }
+                for m, c, i, k in rows
+            ]
+        )
+    )
+    assert len(want) > 3 * 12, "the windows of several hours and campaigns"
+    assert got == want
+
+
+def utc(iso: str) -> datetime:
+    """A truth file's time as the session (UTC) reads it back: naive."""
+    return datetime.fromisoformat(iso).replace(tzinfo=None)
 
 
 def test_ctr_is_null_without_impressions(spark: SparkSession) -> None:
