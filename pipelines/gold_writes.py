@@ -169,9 +169,7 @@ class GoldUpdate:
         self._run(minutes)
 
     def _hours(self, span: tuple[int, int]) -> None:
-        # The windows containing minute m start in (m - 1 hour, m], on 5-minute boundaries.
-        first = (_minute(span[0]) - HOUR_MS) // SLIDE_MS * SLIDE_MS + SLIDE_MS
-        last = _minute(span[1]) // SLIDE_MS * SLIDE_MS
+        first, last = hour_starts(span)
         hours = campaign_ctr(
             self._load(t.GOLD_1M).where(time_between("window_start", first, last + HOUR_MS))
         ).where(time_between("window_start", first, last + SLIDE_MS))
@@ -438,6 +436,13 @@ def _update_keeping_final(name: str) -> dict[str, str | Column]:
 
 def _after(column: str, ms: int) -> Column:
     return F.col(column) > F.timestamp_millis(F.lit(ms))
+
+
+def hour_starts(span: tuple[int, int]) -> tuple[int, int]:
+    """The first and last start (epoch ms) of the sliding hours holding a minute of ``span``:
+    the windows containing minute m start in (m - 1 hour, m], on 5-minute boundaries."""
+    first = (_minute(span[0]) - HOUR_MS) // SLIDE_MS * SLIDE_MS + SLIDE_MS
+    return first, _minute(span[1]) // SLIDE_MS * SLIDE_MS
 
 
 def _minute(ms: int) -> int:

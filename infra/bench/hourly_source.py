@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from app.runtime.settings import Settings
 from app.runtime.spark import build_spark
 from pipelines.gold import campaign_ctr
-from pipelines.gold_writes import HOUR_MS, MINUTE_MS, SLIDE_MS, time_between
+from pipelines.gold_writes import HOUR_MS, MINUTE_MS, SLIDE_MS, hour_starts, time_between
 
 
 def main() -> int:
@@ -50,8 +50,7 @@ def main() -> int:
         (F.col("id") % 3).alias("clicks"),
     ).write.format("delta").save(path)
     span = (base + (args.minutes - 3) * MINUTE_MS, base + (args.minutes - 1) * MINUTE_MS)
-    first = (span[0] - HOUR_MS) // SLIDE_MS * SLIDE_MS + SLIDE_MS
-    last = span[1] // SLIDE_MS * SLIDE_MS
+    first, last = hour_starts(span)
 
     def run() -> tuple[float, int]:
         started = time.monotonic()
