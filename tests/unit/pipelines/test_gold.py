@@ -12,6 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from app.tools import truth
+from pipelines import tables as t
 from pipelines.gold import (
     SESSION_COLUMNS,
     attribute,
@@ -264,20 +265,25 @@ def test_each_minute_lies_in_twelve_sliding_hours(spark: SparkSession) -> None:
     assert {(r.impressions, r.clicks, r.ctr) for r in ctr} == {(4, 1, 0.25)}
 
 
-def test_sliding_hours_equal_the_sums_of_their_minutes(spark: SparkSession) -> None:
+@pytest.mark.parametrize("base", [T0, datetime(1970, 1, 1)], ids=["2026", "around-1970"])
+def test_sliding_hours_equal_the_sums_of_their_minutes(spark: SparkSession, base: datetime) -> None:
     """campaign_ctr sums minutes per 5-minute slide before copying them into windows; the
     windows must be those of summing each minute into its 12 windows (the truth file's rule),
-    slide boundaries and minutes without impressions or clicks included."""
+    slide boundaries and minutes without impressions or clicks included, times before the
+    epoch too (negative epoch milliseconds), with the table's column types."""
     rng = random.Random(5)
     rows = [
-        (at(m), f"cmp-{ad % 3}", rng.choice([0, 0, 1, 4]), rng.choice([0, 1]))
+        (base + timedelta(minutes=m), f"cmp-{ad % 3}", rng.choice([0, 0, 1, 4]), rng.choice([0, 1]))
         for m in rng.sample(range(-70, 70), 90)
         for ad in rng.sample(range(12), 4)
     ]
     minutes = spark.createDataFrame(
         rows, "window_start timestamp, campaign_id string, impressions long, clicks long"
     )
-    got = sorted(tuple(r) for r in campaign_ctr(minutes).drop("window_end").collect())
+    hours = campaign_ctr(minutes)
+    table = {f.name: f.dataType for f in t.schema(t.CTR_1H).fields}
+    assert {f.name: f.dataType for f in hours.schema.fields} == {f: table[f] for f in hours.columns}
+    got = sorted(tuple(r) for r in hours.drop("window_end").collect())
     want = sorted(
         (utc(h["window_start"]), h["campaign_id"], h["impressions"], h["clicks"], h["ctr"])
         for h in truth.campaign_ctr(
