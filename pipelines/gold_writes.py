@@ -170,9 +170,7 @@ class GoldUpdate:
 
     def _hours(self, span: tuple[int, int]) -> None:
         first, last = hour_starts(span)
-        hours = campaign_ctr(
-            self._load(t.GOLD_1M).where(time_between("window_start", first, last + HOUR_MS))
-        ).where(time_between("window_start", first, last + SLIDE_MS))
+        hours = sliding_hours(self._load(t.GOLD_1M), span)
         due_hours = self._due(t.CTR_1H, "window_end")
         hour_keys = ("window_start", "campaign_id")
         hour_values = tuple(c for c in t.columns(t.CTR_1H) if c not in {*hour_keys, *_DERIVED})
@@ -443,6 +441,15 @@ def hour_starts(span: tuple[int, int]) -> tuple[int, int]:
     the windows containing minute m start in (m - 1 hour, m], on 5-minute boundaries."""
     first = (_minute(span[0]) - HOUR_MS) // SLIDE_MS * SLIDE_MS + SLIDE_MS
     return first, _minute(span[1]) // SLIDE_MS * SLIDE_MS
+
+
+def sliding_hours(minutes: DataFrame, span: tuple[int, int]) -> DataFrame:
+    """The sliding hours holding a minute of ``span``, summed from the 1-minute rows of
+    ``minutes`` that lie in them (the hourly MERGE's recomputation)."""
+    first, last = hour_starts(span)
+    return campaign_ctr(minutes.where(time_between("window_start", first, last + HOUR_MS))).where(
+        time_between("window_start", first, last + SLIDE_MS)
+    )
 
 
 def _minute(ms: int) -> int:

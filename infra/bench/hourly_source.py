@@ -24,8 +24,7 @@ from pyspark.sql import functions as F
 
 from app.runtime.settings import Settings
 from app.runtime.spark import build_spark
-from pipelines.gold import campaign_ctr
-from pipelines.gold_writes import HOUR_MS, MINUTE_MS, SLIDE_MS, hour_starts, time_between
+from pipelines.gold_writes import HOUR_MS, MINUTE_MS, sliding_hours
 
 
 def main() -> int:
@@ -50,14 +49,10 @@ def main() -> int:
         (F.col("id") % 3).alias("clicks"),
     ).write.format("delta").save(path)
     span = (base + (args.minutes - 3) * MINUTE_MS, base + (args.minutes - 1) * MINUTE_MS)
-    first, last = hour_starts(span)
 
     def run() -> tuple[float, int]:
         started = time.monotonic()
-        minutes = spark.read.format("delta").load(path)
-        hours = campaign_ctr(
-            minutes.where(time_between("window_start", first, last + HOUR_MS))
-        ).where(time_between("window_start", first, last + SLIDE_MS))
+        hours = sliding_hours(spark.read.format("delta").load(path), span)
         n = len(hours.collect())
         return time.monotonic() - started, n
 

@@ -33,8 +33,8 @@ T0 = datetime(2026, 11, 20, 10, 0)  # the session time zone is UTC
 DAY = 86_400
 
 
-def at(minutes: float) -> datetime:
-    return T0 + timedelta(minutes=minutes)
+def at(minutes: float, base: datetime = T0) -> datetime:
+    return base + timedelta(minutes=minutes)
 
 
 def click(
@@ -273,7 +273,7 @@ def test_sliding_hours_equal_the_sums_of_their_minutes(spark: SparkSession, base
     epoch too (negative epoch milliseconds), with the table's column types."""
     rng = random.Random(5)
     rows = [
-        (base + timedelta(minutes=m), f"cmp-{ad % 3}", rng.choice([0, 0, 1, 4]), rng.choice([0, 1]))
+        (at(m, base), f"cmp-{ad % 3}", rng.choice([0, 0, 1, 4]), rng.choice([0, 1]))
         for m in rng.sample(range(-70, 70), 90)
         for ad in rng.sample(range(12), 4)
     ]
