@@ -8,7 +8,9 @@ the same record however often it is published.
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from collections.abc import Iterator
+
+from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
 from pipelines.delta_writes import Tables
@@ -48,3 +50,16 @@ def changed_records(tables: Tables, batch_id: int) -> DataFrame:
     for frame in frames[1:]:
         out = out.unionByName(frame)
     return out
+
+
+def rows_of(frame: DataFrame) -> Iterator[Row]:
+    """``frame``'s rows, one partition in memory at a time.
+
+    Not ``DataFrame.toLocalIterator``: in Spark 4.2 it runs its query in an SQL execution that
+    ends before the jobs that serve the partitions start (they run as Python pulls), so the
+    DAG scheduler files those jobs under an execution already cleaned up and never lets them go
+    (``activeQueryToJobs``): each call kept its plan, its Delta snapshots and broadcasts on the
+    driver's heap, and a job that published every batch ran out of heap within the hour
+    (README "Performance"). The RDD's iterator runs the same jobs under the caller's execution
+    (the micro-batch's, cleaned up when it ends; none outside a stream)."""
+    return frame.rdd.toLocalIterator()

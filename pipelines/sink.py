@@ -49,7 +49,7 @@ from pipelines.high_water import HighWater, read_high_water
 from pipelines.ledger import write_ledger
 from pipelines.offset_log import BatchMeta, read_batch_meta
 from pipelines.publish import Publisher
-from pipelines.published_rows import changed_records
+from pipelines.published_rows import changed_records, rows_of
 from pipelines.record_writes import (
     PriorDecisions,
     accepted_span,
@@ -345,7 +345,7 @@ class AttributionSink:
         changed = changed_records(self.tables, batch_id)
 
         def records() -> Iterator[tuple[bytes, bytes]]:
-            for row in changed.toLocalIterator():
+            for row in rows_of(changed):
                 yield row.k.encode(), row.v.encode()
 
         outcome = publisher.publish(batch_id, records, crash_at=self.ctx.crash_at)

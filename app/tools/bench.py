@@ -775,7 +775,7 @@ def _publish_cost(s: Any, rows: int) -> dict[str, Any]:
     from pipelines import tables as t
     from pipelines.delta_writes import Tables
     from pipelines.publish import TransactionalPublisher
-    from pipelines.published_rows import changed_records
+    from pipelines.published_rows import changed_records, rows_of
 
     spark = build_spark(s.settings, "adattr-bench-publish")
     warehouse = s.settings.warehouse_uri
@@ -801,7 +801,7 @@ def _publish_cost(s: Any, rows: int) -> dict[str, Any]:
     pull_s = []
     for _ in range(2):  # the first pays the JVM's warm-up, the second is what a batch pays
         started = time.monotonic()
-        pulled = sum(len(r.v) for r in changed_records(tables, batch).toLocalIterator())
+        pulled = sum(len(r.v) for r in rows_of(changed_records(tables, batch)))
         pull_s.append(time.monotonic() - started)
     publisher = TransactionalPublisher(
         KafkaConnection.of(s.settings),
@@ -813,7 +813,7 @@ def _publish_cost(s: Any, rows: int) -> dict[str, Any]:
     )
 
     def records() -> Any:
-        for row in changed_records(tables, batch).toLocalIterator():
+        for row in rows_of(changed_records(tables, batch)):
             yield row.k.encode(), row.v.encode()
 
     started = time.monotonic()

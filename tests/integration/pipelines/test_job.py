@@ -155,6 +155,15 @@ def test_golden_end_to_end_matches_truth_exactly(spark, settings: Settings, gold
     assert sum(n > 0 for n in closing) >= 3
 
 
+def test_the_runs_leave_none_of_their_jobs_on_the_driver(spark, golden) -> None:  # type: ignore[no-untyped-def]
+    """The DAG scheduler holds a finished job (its stages, plans, Delta snapshots, broadcasts)
+    until the SQL execution it ran under ends. Publishing with DataFrame.toLocalIterator filed
+    its jobs under an execution already ended: one batch's worth stayed per published batch,
+    and the job ran out of heap within the hour (README "Performance")."""
+    kept = spark.sparkContext._jsc.sc().dagScheduler().activeQueryToJobs()
+    assert kept.isEmpty(), f"{kept.size()} SQL executions still hold their jobs"
+
+
 def test_audit_passes_on_the_golden_run_and_catches_a_doubled_record(
     spark, settings: Settings, golden, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
