@@ -27,6 +27,7 @@ batch, so a re-execution decides the same.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -192,6 +193,14 @@ class AttributionSink:
         finally:
             rows.unpersist()
             batch_df.unpersist()
+        # Python objects of a batch left in reference cycles (PySpark's foreachBatch wrapper
+        # leaves some whatever the function does) keep the JVM objects they stand for alive on
+        # the driver: the batch's frames and plans, with their Delta snapshots. Python frees
+        # cycles only when its collector runs, which can be rarely in a process with many
+        # long-lived objects: the driver's heap then kept every batch's (README "Performance").
+        # Collected here, each batch's are released by the end of the next.
+        gc.collect()
+        self.timer.mark("release")
         log.info("batch %d: %s | %s", batch_id, self.last_counts, self.timer.describe())
         if self.ctx.observer is not None:
             self.ctx.observer(_report(batch_id, stats, dict(self.timer.steps), self.kafka_outcome))
