@@ -123,6 +123,12 @@ def settings_env(settings: Any, **extra: str) -> dict[str, str]:
     return adattr_env(**{**values, **extra})
 
 
+def kept_executions(spark: SparkSession) -> int:
+    """SQL executions whose finished jobs the DAG scheduler still holds (with their stages, plans,
+    Delta snapshots and broadcasts): none once every execution that ran a job has ended."""
+    return int(spark.sparkContext._jsc.sc().dagScheduler().activeQueryToJobs().size())
+
+
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 

@@ -34,7 +34,7 @@ from pipelines import job
 from pipelines import tables as t
 from pipelines.dimension import upsert_dim_ads
 from schemas import ad_event as c
-from tests.builders import event, run_adattr, settings_env
+from tests.builders import event, kept_executions, run_adattr, settings_env
 from tests.conftest import SecureBroker, isolated_settings
 
 pytestmark = pytest.mark.integration
@@ -160,8 +160,8 @@ def test_the_runs_leave_none_of_their_jobs_on_the_driver(spark, golden) -> None:
     until the SQL execution it ran under ends. Publishing with DataFrame.toLocalIterator filed
     its jobs under an execution already ended: one batch's worth stayed per published batch,
     and the job ran out of heap within the hour (README "Performance")."""
-    kept = spark.sparkContext._jsc.sc().dagScheduler().activeQueryToJobs()
-    assert kept.isEmpty(), f"{kept.size()} SQL executions still hold their jobs"
+    kept = kept_executions(spark)
+    assert kept == 0, f"{kept} SQL executions still hold their jobs"
 
 
 def test_audit_passes_on_the_golden_run_and_catches_a_doubled_record(

@@ -1,20 +1,16 @@
 from pyspark.sql import SparkSession
 
 from pipelines.published_rows import rows_of
-
-
-def _kept_executions(spark: SparkSession) -> int:
-    """SQL executions whose jobs the DAG scheduler still holds (with their stages and plans)."""
-    return int(spark.sparkContext._jsc.sc().dagScheduler().activeQueryToJobs().size())
+from tests.builders import kept_executions
 
 
 def test_rows_of_reads_every_partition_and_leaves_no_job_behind(spark: SparkSession) -> None:
     # DataFrame.toLocalIterator kept one execution's jobs per call (Spark 4.2), and with them
     # every plan and Delta snapshot they reached: the job's heap grew by a batch's worth per
     # published batch until it ran out.
-    before = _kept_executions(spark)
+    before = kept_executions(spark)
     frame = spark.range(0, 1000, 1, 4).selectExpr("id", "cast(id AS string) AS s")
     rows = list(rows_of(frame))
     assert sorted(r.id for r in rows) == list(range(1000))
     assert all(r.s == str(r.id) for r in rows)
-    assert _kept_executions(spark) == before
+    assert kept_executions(spark) == before
