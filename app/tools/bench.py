@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 VARIANTS = ("B0s", "B0k", "B1", "B2", "B3")
 # The soak's slices: cost per 5 minutes of a run (a shorter run: a sixth of it).
 SOAK_SLICE_S = 300.0
+# How often the soak looks for the driver's latest garbage collection (and the heap after it).
+HEAP_SAMPLE_S = 1.0
 LABELS = {
     "B0s": "B0 Spark Kafka source, no-op sink",
     "B0k": "B0 confluent-kafka consumer loop",
@@ -71,6 +73,23 @@ def _peak_jvm(spark: Any) -> dict[str, float]:
         p.getPeakUsage().getUsed() for p in pools if str(p.getType().toString()) == "Heap memory"
     )
     return {"peak_rss_mb": hwm_kb / 1024, "peak_heap_mb": heap / 2**20}
+
+
+def heap_after_gc(spark: Any) -> tuple[str, float] | None:
+    """The driver JVM's latest garbage collection (young or full) and the heap in use right
+    after it, in MB (every heap pool, from the collectors' own record), or None before the
+    first. Sampled over a long run, its level is what the run keeps alive: a leak shows as a
+    rise, the garbage a batch makes does not."""
+    latest = None
+    for bean in spark._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans():
+        info = bean.getLastGcInfo()
+        if info is not None and (latest is None or info.getEndTime() > latest[1].getEndTime()):
+            latest = (str(bean.getName()), info)
+    if latest is None:
+        return None
+    name, info = latest
+    used = sum(u.getUsed() for u in info.getMemoryUsageAfterGc().values())
+    return f"{name} #{info.getId()}", used / 2**20
 
 
 def _sustained(
@@ -402,6 +421,7 @@ def latency_worker(rate: float, seconds: float, out: Path, slice_seconds: float)
     visible: dict[int, float] = {}
     stop = threading.Event()
     files: list[tuple[float, dict[str, int]]] = []  # (when, data files per table)
+    heap: dict[str, tuple[float, float]] = {}  # collection -> (when seen, MB in use after it)
     local = settings.local_warehouse
 
     def count_files() -> None:
@@ -411,6 +431,12 @@ def latency_worker(rate: float, seconds: float, out: Path, slice_seconds: float)
     def sample_files() -> None:
         while not stop.wait(slice_seconds):
             count_files()
+
+    def sample_heap() -> None:  # every collection once (they come every few seconds)
+        while not stop.wait(HEAP_SAMPLE_S):
+            latest = heap_after_gc(spark)
+            if latest is not None:
+                heap.setdefault(latest[0], (time.time(), latest[1]))
 
     gen = job.current_generation(settings.checkpoints)
 
@@ -429,8 +455,9 @@ def latency_worker(rate: float, seconds: float, out: Path, slice_seconds: float)
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     query = job.start(spark, settings, available_now=False)
-    sampler = threading.Thread(target=sample_files, daemon=True)
-    sampler.start()
+    samplers = [threading.Thread(target=f, daemon=True) for f in (sample_files, sample_heap)]
+    for sampler in samplers:
+        sampler.start()
     produce(
         traffic.main,
         kafka,
@@ -452,7 +479,8 @@ def latency_worker(rate: float, seconds: float, out: Path, slice_seconds: float)
     query.stop()
     stop.set()
     watcher.join()
-    sampler.join()
+    for sampler in samplers:
+        sampler.join()
     count_files()
     bronze = spark.read.format("delta").load(f"{warehouse}/{t.BRONZE}")
     sent_at = {
@@ -498,6 +526,7 @@ def latency_worker(rate: float, seconds: float, out: Path, slice_seconds: float)
                     sent_and_latency,
                     [_batch_of(p) for p in progress],
                     files,
+                    list(heap.values()),
                     start=first,
                     slice_seconds=slice_seconds,
                     count=max(1, round(seconds / slice_seconds)),
@@ -607,6 +636,7 @@ def soak_slices(
     latencies: list[tuple[float, float]],
     batches: list[tuple[float, float, int]],
     files: list[tuple[float, dict[str, int]]],
+    heap: list[tuple[float, float]],
     *,
     start: float,
     slice_seconds: float,
@@ -614,10 +644,11 @@ def soak_slices(
 ) -> list[dict[str, Any]]:
     """Cost over time, in ``count`` slices of ``slice_seconds`` from ``start`` (epoch seconds):
     the durations of the micro-batches that started in each (those with input, and all), the
-    latencies of the records sent in it ((sent, latency) pairs), and the data files per table
-    at the first count taken at or after its end (the last count, for a slice that ends after
-    it). Nothing outside the slices counts (the warm-up before ``start``, the batches that
-    drain the topic after the last send)."""
+    latencies of the records sent in it ((sent, latency) pairs), the driver's heap in use after
+    the garbage collections seen in it ((when, MB) pairs: median and least), and the data files
+    per table at the first count taken at or after its end (the last count, for a slice that
+    ends after it). Nothing outside the slices counts (the warm-up before ``start``, the batches
+    that drain the topic after the last send)."""
 
     def index(at: float) -> int:
         return int((at - start) // slice_seconds) if at >= start else -1
@@ -627,6 +658,7 @@ def soak_slices(
         lats = [x for at, x in latencies if index(at) == i]
         mine = [(sec, rows) for at, sec, rows in batches if index(at) == i]
         data = [sec for sec, rows in mine if rows > 0]
+        kept = [mb for at, mb in heap if index(at) == i]
         end = start + (i + 1) * slice_seconds
         later = [counts for at, counts in files if at >= end]
         counted = later[0] if later else (files[-1][1] if files else {})
@@ -643,6 +675,9 @@ def soak_slices(
                 "records": len(lats),
                 "latency_p50_s": _quantile(lats, 0.5),
                 "latency_p99_s": _quantile(lats, 0.99),
+                "collections": len(kept),
+                "heap_after_gc_p50_mb": _quantile(kept, 0.5),
+                "heap_after_gc_min_mb": min(kept, default=None),
                 "files": counted,
             }
         )
@@ -1003,6 +1038,9 @@ def print_soak(soak: dict[str, Any]) -> None:
     def sec(x: float | None) -> str:
         return f"{x:.2f}" if x is not None else "-"
 
+    def mb(x: float | None) -> str:
+        return f"{x:.0f}" if x is not None else "-"
+
     measured = soak.get("b3_events_per_s")
     print(
         f"\nsoak at {soak['rate']:,.0f} events/s"
@@ -1014,19 +1052,30 @@ def print_soak(soak: dict[str, Any]) -> None:
     short = {n: n.replace("_ad_events", "").replace("gold_", "").replace("_ad", "") for n in names}
     print(
         f"{'slice':>5} {'min':>9} {'batches':>8} {'batch p50':>10} {'p95':>6} "
-        f"{'latency p50':>12} {'p99':>6}  files: " + " ".join(short[n] for n in names)
+        f"{'latency p50':>12} {'p99':>6} {'heap MB':>8} {'min':>5}  files: "
+        + " ".join(short[n] for n in names)
     )
     for x in slices:
-        span = f"{x['from_s'] / 60:.0f}-{x['to_s'] / 60:.0f}"
+        digits = 0 if soak["slice_seconds"] >= 60 else 1
+        span = f"{x['from_s'] / 60:.{digits}f}-{x['to_s'] / 60:.{digits}f}"
         files = " ".join(f"{x['files'].get(n, 0):>{len(short[n])}}" for n in names)
         print(
             f"{x['slice']:>5} {span:>9} {x['data_batches']:>8} {sec(x['batch_p50_s']):>10} "
             f"{sec(x['batch_p95_s']):>6} {sec(x['latency_p50_s']):>12} "
-            f"{sec(x['latency_p99_s']):>6}         {files}"
+            f"{sec(x['latency_p99_s']):>6} {mb(x.get('heap_after_gc_p50_mb')):>8} "
+            f"{mb(x.get('heap_after_gc_min_mb')):>5}         {files}"
         )
+    print(
+        "  (heap MB: the driver's Java heap in use after the slice's collections, median and"
+        " least; the least is nearest what the run keeps alive)"
+    )
     first, last = slices[0], slices[-1]
-    for key, label in (("batch_p50_s", "batch p50"), ("latency_p50_s", "latency p50")):
-        if first[key] and last[key] is not None:
+    for key, label in (
+        ("batch_p50_s", "batch p50"),
+        ("latency_p50_s", "latency p50"),
+        ("heap_after_gc_min_mb", "least heap after a collection"),
+    ):
+        if first.get(key) and last.get(key) is not None:
             print(f"last slice / first, {label}: {last[key] / first[key]:.2f}")
     print(
         f"whole run, {soak['records']:,} records: latency p50 {soak['p50']:.2f}s "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from app.tools.bench import soak_slices
+from pyspark.sql import SparkSession
+
+from app.tools.bench import heap_after_gc, soak_slices
 
 START = 1_000.0
 
@@ -16,12 +18,18 @@ def test_each_slice_reports_its_own_batches_latencies_and_the_files_at_its_end()
         (START + 10.5, 8.0, 300),
     ]
     files = [(START + 10.2, {"silver": 7}), (START + 20.1, {"silver": 3})]
-    first, second = soak_slices(latencies, batches, files, start=START, slice_seconds=10, count=2)
+    heap = [(START + 1, 300.0), (START + 3, 500.0), (START + 9, 350.0), (START + 15, 420.0)]
+    first, second = soak_slices(
+        latencies, batches, files, heap, start=START, slice_seconds=10, count=2
+    )
     assert (first["from_s"], first["to_s"], second["from_s"]) == (0, 10, 10)
     assert (first["batches"], first["data_batches"]) == (3, 2)
     assert first["batch_p50_s"] == 5.0 and first["any_batch_p50_s"] == 3.0
     assert (first["records"], first["latency_p50_s"], first["latency_p99_s"]) == (2, 4.0, 4.0)
     assert first["files"] == {"silver": 7}  # the first count at or after the slice's end
+    assert (first["collections"], first["heap_after_gc_p50_mb"]) == (3, 350.0)
+    assert first["heap_after_gc_min_mb"] == 300.0
+    assert (second["collections"], second["heap_after_gc_min_mb"]) == (1, 420.0)
     assert (second["batches"], second["batch_p50_s"]) == (1, 8.0)
     assert (second["records"], second["latency_p50_s"]) == (2, 9.0)
     assert second["files"] == {"silver": 3}
@@ -31,10 +39,29 @@ def test_nothing_outside_the_slices_counts_and_an_idle_slice_is_still_reported()
     latencies = [(START - 1, 50.0), (START + 25, 1.0), (START + 31, 60.0)]
     batches = [(START - 2, 40.0, 10), (START + 35, 30.0, 10)]  # warm-up, then draining
     files = [(START + 5, {"ledger": 1})]
-    slices = soak_slices(latencies, batches, files, start=START, slice_seconds=10, count=3)
+    heap = [(START - 3, 900.0), (START + 12, 400.0)]  # warm-up, then one collection
+    slices = soak_slices(latencies, batches, files, heap, start=START, slice_seconds=10, count=3)
     assert [x["slice"] for x in slices] == [0, 1, 2]
     assert [x["records"] for x in slices] == [0, 0, 1]
     assert all(x["batches"] == 0 and x["batch_p50_s"] is None for x in slices)
     assert slices[0]["latency_p50_s"] is None and slices[2]["latency_p50_s"] == 1.0
+    assert [x["heap_after_gc_p50_mb"] for x in slices] == [None, 400.0, None]
+    assert [x["collections"] for x in slices] == [0, 1, 0]
     # No count after a slice's end: the last one taken.
     assert all(x["files"] == {"ledger": 1} for x in slices)
+
+
+def test_the_heap_after_the_latest_collection_is_read_from_the_driver_jvm(
+    spark: SparkSession,
+) -> None:
+    jvm = spark._jvm
+    jvm.java.lang.System.gc()  # a full collection: the latest, whatever ran before
+    full = heap_after_gc(spark)
+    assert full is not None
+    name, mb = full
+    assert name.startswith("G1 Old Generation #"), name
+    # What survived a full collection: the session's own objects at least, within the heap.
+    assert 0 < mb < jvm.java.lang.Runtime.getRuntime().maxMemory() / 2**20
+    jvm.java.lang.System.gc()
+    again = heap_after_gc(spark)
+    assert again is not None and again[0] != name  # each collection is told apart
