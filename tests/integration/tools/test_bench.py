@@ -45,7 +45,6 @@ def test_quick_bench_reports_every_variant(kafka_bootstrap: str, tmp_path: Path)
     # seconds): what the run keeps alive, so a leak shows in the soak without a GC log.
     heaps = [x["heap_after_gc_p50_mb"] for x in slices if x["collections"]]
     assert heaps and all(mb > 0 for mb in heaps), slices
-    assert "least heap after a collection" in done.stdout
     assert all(set(x["files"]) == {n.name for n in t.TABLES} for x in slices), slices
     # Counted on the clock, a slice's files can be none yet (a slow first batch); once every
     # record is in a batch, bronze holds them.

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from pyspark.sql import SparkSession
 
-from app.tools.bench import heap_after_gc, soak_slices
+from app.tools.bench import heap_after_gc, print_soak, soak_slices
 
 START = 1_000.0
 
@@ -65,3 +66,26 @@ def test_the_heap_after_the_latest_collection_is_read_from_the_driver_jvm(
     jvm.java.lang.System.gc()
     again = heap_after_gc(spark)
     assert again is not None and again[0] != name  # each collection is told apart
+
+
+def test_the_soak_prints_each_slice_and_how_the_last_compares_with_the_first(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    batches = [(START + 1, 4.0, 10), (START + 11, 5.0, 10)]
+    latencies = [(START + 1, 6.0), (START + 11, 9.0)]
+    heap = [(START + 2, 300.0), (START + 3, 320.0), (START + 12, 450.0)]
+    slices = soak_slices(
+        latencies, batches, [(START + 30, {"silver": 2})], heap, start=START, slice_seconds=10,
+        count=2,
+    )  # fmt: skip
+    print_soak(
+        {"rate": 10, "minutes": 20 / 60, "slice_seconds": 10, "slices": slices, "records": 2,
+         "p50": 6.0, "p99": 9.0}
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("    ")]
+    # slice, minutes, data batches, batch p50, p95, latency p50, p99, heap median, least, files
+    assert rows[0] == ["0", "0.0-0.2", "1", "4.00", "4.00", "6.00", "6.00", "320", "300", "2"]
+    assert rows[1] == ["1", "0.2-0.3", "1", "5.00", "5.00", "9.00", "9.00", "450", "450", "2"]
+    assert "last slice / first, batch p50: 1.25" in out
+    assert "last slice / first, least heap after a collection: 1.50" in out
