@@ -78,8 +78,9 @@ def _peak_jvm(spark: Any) -> dict[str, float]:
 def heap_after_gc(spark: Any) -> tuple[str, float] | None:
     """The driver JVM's latest garbage collection (young or full) and the heap in use right
     after it, in MB (every heap pool, from the collectors' own record), or None before the
-    first. Sampled over a long run, its level is what the run keeps alive: a leak shows as a
-    rise, the garbage a batch makes does not."""
+    first. A young collection leaves the old generation's garbage for a later mixed one, so
+    over a long run the least of these is nearest what the run keeps alive: a leak shows as
+    its rise, the garbage a batch makes does not."""
     latest = None
     for bean in spark._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans():
         info = bean.getLastGcInfo()
@@ -1055,8 +1056,8 @@ def print_soak(soak: dict[str, Any]) -> None:
         f"{'latency p50':>12} {'p99':>6} {'heap MB':>8} {'min':>5}  files: "
         + " ".join(short[n] for n in names)
     )
+    digits = 0 if soak["slice_seconds"] >= 60 else 1  # minutes of sub-minute slices
     for x in slices:
-        digits = 0 if soak["slice_seconds"] >= 60 else 1
         span = f"{x['from_s'] / 60:.{digits}f}-{x['to_s'] / 60:.{digits}f}"
         files = " ".join(f"{x['files'].get(n, 0):>{len(short[n])}}" for n in names)
         print(
