@@ -99,7 +99,19 @@ def _stop_after(spark: SparkSession, settings: Settings, batches: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def golden(spark: SparkSession, settings: Settings, events_kafka: KafkaConnection):  # type: ignore[no-untyped-def]
+def kept_before_golden(spark: SparkSession) -> int:
+    """The SQL executions holding their jobs before the golden runs (another module's test,
+    sharing the session, may have left some: not these runs' to answer for)."""
+    return kept_executions(spark)
+
+
+@pytest.fixture(scope="module")
+def golden(  # type: ignore[no-untyped-def]
+    spark: SparkSession,
+    settings: Settings,
+    events_kafka: KafkaConnection,
+    kept_before_golden: int,
+):
     """Main segment in; the job runs three batches and is stopped mid-run; restarted, it runs
     to the end; the late tail in; the job runs again."""
     cfg = GenConfig.for_settings(
@@ -155,13 +167,16 @@ def test_golden_end_to_end_matches_truth_exactly(spark, settings: Settings, gold
     assert sum(n > 0 for n in closing) >= 3
 
 
-def test_the_runs_leave_none_of_their_jobs_on_the_driver(spark, golden) -> None:  # type: ignore[no-untyped-def]
+def test_the_runs_leave_none_of_their_jobs_on_the_driver(spark, golden, kept_before_golden) -> None:  # type: ignore[no-untyped-def]
     """The DAG scheduler holds a finished job (its stages, plans, Delta snapshots, broadcasts)
     until the SQL execution it ran under ends. Publishing with DataFrame.toLocalIterator filed
     its jobs under an execution already ended: one batch's worth stayed per published batch,
-    and the job ran out of heap within the hour (README "Performance")."""
+    and the job ran out of heap within the hour (README "Performance"). The golden runs (three
+    runs, more than six batches) add none."""
     kept = kept_executions(spark)
-    assert kept == 0, f"{kept} SQL executions still hold their jobs"
+    assert kept <= kept_before_golden, (
+        f"{kept} SQL executions hold their jobs, {kept_before_golden} before the runs"
+    )
 
 
 def test_audit_passes_on_the_golden_run_and_catches_a_doubled_record(
