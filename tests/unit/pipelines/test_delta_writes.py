@@ -411,6 +411,78 @@ def test_a_batch_attributes_with_carried_clicks_as_with_silvers_whole_lookback(
     assert attributed(CarriedClicks(None, T0_MS + 25 * 60_000)) == want
 
 
+def merge_removed(path: str) -> set[str]:
+    """The file names the table's latest MERGE commit removed (read from its Delta log)."""
+    for commit in sorted(Path(path, "_delta_log").glob("*.json"), reverse=True):
+        actions = [json.loads(line) for line in commit.read_text().splitlines()]
+        info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+        if info["operation"] == "MERGE":
+            return {Path(a["remove"]["path"]).name for a in actions if "remove" in a}
+    raise AssertionError(f"no MERGE in {path}")
+
+
+def test_a_batchs_attributions_merge_never_rewrites_the_files_of_earlier_final_rows(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Three batches of conversions, each watermark passing some: the third batch's MERGE
+    finalises the second's pending conversions and adds its own, and removes none of the files
+    holding the rows earlier batches finalised (the table's layout keeps those apart: a MERGE
+    whose file held every row of the run rewrote them all, every batch). Every row is as the
+    batch that last changed it left it."""
+    wh = warehouse(spark, tmp_path / "wh", t.SILVER, t.ATTRIBUTIONS)
+    tables = Tables(spark, wh, "app-a", 1)
+    path = tables.path(t.ATTRIBUTIONS)
+
+    def conversion(i: str, m: float) -> dict[str, Any]:
+        return {
+            "event_id": i,
+            "event_type": "conversion",
+            "event_time": T0 + m * MINUTE,
+            "user_id": "u1",
+            "advertiser_id": "x",
+            "revenue": Decimal("5.000000"),
+        }
+
+    def batch(b: int, w_prev_m: int, w_cur_m: int, *new: tuple[str, float]) -> None:
+        batch_rows = rows(spark, t.SILVER, *(conversion(i, m) for i, m in new)).withColumn(
+            "outcome", F.lit(ACCEPTED)
+        )
+        times = [T0_MS + int(m * 60_000) for _, m in new]
+        GoldUpdate(
+            tables,
+            StepTimer(),
+            b,
+            w_prev=T0_MS + w_prev_m * 60_000 if w_prev_m else 0,
+            watermark_ms=T0_MS + w_cur_m * 60_000,
+            counts={},
+            lookback_seconds=20 * 60,
+        )._attributions(batch_rows, (min(times), max(times)))
+
+    def final_files() -> set[str]:
+        held = tables.load(t.ATTRIBUTIONS).where("is_final").select("_metadata.file_name")
+        return {r.file_name for r in held.distinct().collect()}
+
+    batch(0, 0, 5, ("c1", 6), ("c2", 8), ("c3", 12))
+    batch(1, 5, 7, ("c4", 9))  # c1 final
+    earlier_final = final_files()
+    assert earlier_final
+    batch(2, 7, 10, ("c5", 13))  # c2, c4 final
+    assert not merge_removed(path) & earlier_final
+    got = {
+        r.conversion_id: (r.is_final, r.batch_id)
+        for r in tables.load(t.ATTRIBUTIONS)
+        .select("conversion_id", "is_final", "batch_id")
+        .collect()
+    }
+    assert got == {
+        "c1": (True, 1),
+        "c2": (True, 2),
+        "c3": (False, 0),
+        "c4": (True, 2),
+        "c5": (False, 2),
+    }
+
+
 def test_changed_records_are_the_batchs_stamped_rows_with_deterministic_ids(
     spark: SparkSession, tmp_path: Path
 ) -> None:
