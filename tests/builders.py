@@ -129,6 +129,20 @@ def kept_executions(spark: SparkSession) -> int:
     return int(spark.sparkContext._jsc.sc().dagScheduler().activeQueryToJobs().size())
 
 
+def kept_execution_details(spark: SparkSession) -> list[str]:
+    """Each SQL execution that ``kept_executions`` counts: its id, the jobs it holds and its
+    description (what a failing test should say)."""
+    held = spark.sparkContext._jsc.sc().dagScheduler().activeQueryToJobs()
+    store = spark._jsparkSession.sharedState().statusStore()
+    details = []
+    for entry in held.entrySet().toArray():
+        key = int(entry.getKey())
+        execution = store.execution(key)
+        said = execution.get().description()[:300] if execution.isDefined() else "(not in the UI)"
+        details.append(f"execution {key}, {entry.getValue().size()} jobs: {said}")
+    return details
+
+
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
