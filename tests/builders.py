@@ -126,13 +126,18 @@ def settings_env(settings: Any, **extra: str) -> dict[str, str]:
 def kept_executions(spark: SparkSession) -> int:
     """SQL executions whose finished jobs the DAG scheduler still holds (with their stages, plans,
     Delta snapshots and broadcasts): none once every execution that ran a job has ended."""
-    return int(spark.sparkContext._jsc.sc().dagScheduler().activeQueryToJobs().size())
+    return int(_held_jobs(spark).size())
+
+
+def _held_jobs(spark: SparkSession) -> Any:
+    """The DAG scheduler's map of SQL execution id to the finished jobs it still holds (JVM)."""
+    return spark.sparkContext._jsc.sc().dagScheduler().activeQueryToJobs()
 
 
 def kept_execution_details(spark: SparkSession) -> list[str]:
     """Each SQL execution that ``kept_executions`` counts: its id, the jobs it holds and its
     description (what a failing test should say)."""
-    held = spark.sparkContext._jsc.sc().dagScheduler().activeQueryToJobs()
+    held = _held_jobs(spark)
     store = spark._jsparkSession.sharedState().statusStore()
     details = []
     for entry in held.entrySet().toArray():

@@ -31,7 +31,9 @@ from pyspark.sql import functions as F
 from app.runtime.settings import Settings
 from app.runtime.spark import build_spark
 from pipelines import tables as t
-from pipelines.delta_writes import delta_txn
+from pipelines.delta_writes import Tables
+from pipelines.gold_writes import GoldUpdate, Merge
+from pipelines.timing import StepTimer
 
 
 def conversions(spark: SparkSession, first: int, n: int, seconds: float, batch: int) -> DataFrame:
@@ -57,9 +59,10 @@ def conversions(spark: SparkSession, first: int, n: int, seconds: float, batch: 
 
 
 class Attributions:
-    def __init__(self, spark: SparkSession, path: str, by_final: bool) -> None:
+    def __init__(self, spark: SparkSession, warehouse: str, by_final: bool) -> None:
         self.spark = spark
-        self.path = path
+        self.tables = Tables(spark, warehouse, "final-partition", 1)
+        self.path = self.tables.path(t.ATTRIBUTIONS)
         self.by_final = by_final
         self.source_s: list[float] = []
         self.merge_s: list[float] = []
@@ -84,18 +87,21 @@ class Attributions:
     def merge(self, new: DataFrame, w_prev: int, watermark_ms: int, batch: int) -> None:
         from delta.tables import DeltaTable
 
-        started = time.monotonic()
-        table = self.spark.read.format("delta").load(self.path)
-        passed = (F.col("conversion_time") > F.timestamp_millis(F.lit(w_prev))) & (
-            F.col("conversion_time") <= F.timestamp_millis(F.lit(watermark_ms))
+        # The sink's own rules: the rows the watermark passed, is_final and the stamp, the MERGE.
+        update = GoldUpdate(
+            self.tables,
+            StepTimer(),
+            batch,
+            w_prev=w_prev,
+            watermark_ms=watermark_ms,
+            counts={},
+            lookback_seconds=0,
         )
-        due = table.where(~F.col("is_final") & passed)
-        final = F.col("conversion_time") <= F.timestamp_millis(F.lit(watermark_ms))
-        source = (
-            new.unionByName(due)
-            .withColumn("is_final", final)
-            .withColumn("batch_id", F.lit(batch).cast("long"))
-            .persist(StorageLevel.MEMORY_AND_DISK)
+        started = time.monotonic()
+        due = update._due(t.ATTRIBUTIONS, "conversion_time")
+        assert due is not None, "every batch moves the watermark"
+        source = update._final(new.unionByName(due), "conversion_time").persist(
+            StorageLevel.MEMORY_AND_DISK
         )
         found = source.agg(
             F.expr("unix_millis(min(conversion_time))").alias("lo"),
@@ -104,19 +110,17 @@ class Attributions:
         assert found is not None
         self.source_s.append(time.monotonic() - started)
         started = time.monotonic()
-        condition = (
-            "t.conversion_id = s.conversion_id AND t.conversion_time BETWEEN "
-            f"timestamp_millis({found.lo}) AND timestamp_millis({found.hi})"
-        )
-        with delta_txn(self.spark, "final-partition", batch):
-            (
-                DeltaTable.forPath(self.spark, self.path)
-                .alias("t")
-                .merge(source.alias("s"), condition)
-                .whenMatchedUpdateAll(condition="NOT t.is_final")
-                .whenNotMatchedInsertAll()
-                .execute()
+        update._merge(
+            Merge(
+                t.ATTRIBUTIONS,
+                source,
+                keys=("conversion_id",),
+                time_column="conversion_time",
+                update=None,
+                update_condition="NOT t.is_final",
+                bounds=(int(found.lo), int(found.hi)),
             )
+        )
         self.merge_s.append(time.monotonic() - started)
         source.unpersist()
         metrics = (
@@ -145,7 +149,7 @@ def main() -> int:
     start_rows = conversions(spark, 0, args.rows, args.rows * every_s, 0)
     end_ms = int(args.rows * every_s * 1000)
     tables = [
-        Attributions(spark, str(root / "warehouse" / name), by_final)
+        Attributions(spark, str(root / name), by_final)
         for name, by_final in (("shipped", False), ("by_final", True))
     ]
     w_prev = end_ms - args.delay * 1000
