@@ -123,31 +123,6 @@ def settings_env(settings: Any, **extra: str) -> dict[str, str]:
     return adattr_env(**{**values, **extra})
 
 
-def kept_executions(spark: SparkSession) -> int:
-    """SQL executions whose finished jobs the DAG scheduler still holds (with their stages, plans,
-    Delta snapshots and broadcasts): none once every execution that ran a job has ended."""
-    return int(_held_jobs(spark).size())
-
-
-def _held_jobs(spark: SparkSession) -> Any:
-    """The DAG scheduler's map of SQL execution id to the finished jobs it still holds (JVM)."""
-    return spark.sparkContext._jsc.sc().dagScheduler().activeQueryToJobs()
-
-
-def kept_execution_details(spark: SparkSession) -> list[str]:
-    """Each SQL execution that ``kept_executions`` counts: its id, the jobs it holds and its
-    description (what a failing test should say)."""
-    held = _held_jobs(spark)
-    store = spark._jsparkSession.sharedState().statusStore()
-    details = []
-    for entry in held.entrySet().toArray():
-        key = int(entry.getKey())
-        execution = store.execution(key)
-        said = execution.get().description()[:300] if execution.isDefined() else "(not in the UI)"
-        details.append(f"execution {key}, {entry.getValue().size()} jobs: {said}")
-    return details
-
-
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 

@@ -173,6 +173,23 @@ def build_spark(settings: Settings, app_name: str = "adattr") -> SparkSession:
     return spark
 
 
+def held_executions(spark: SparkSession) -> list[str]:
+    """The SQL executions whose finished jobs the driver's DAG scheduler still holds (with their
+    stages, plans, Delta snapshots and broadcasts), each as its id, the jobs it holds and its
+    description: none once every execution that ran a job has ended. A job filed under an
+    execution that had already ended stays for the life of the driver (Spark 4.2's
+    ``DataFrame.toLocalIterator`` did that once per call: README "Performance")."""
+    held = spark.sparkContext._jsc.sc().dagScheduler().activeQueryToJobs()
+    store = spark._jsparkSession.sharedState().statusStore()
+    details = []
+    for entry in held.entrySet().toArray():
+        key = int(entry.getKey())
+        execution = store.execution(key)
+        said = execution.get().description()[:300] if execution.isDefined() else "(not in the UI)"
+        details.append(f"execution {key}, {entry.getValue().size()} jobs: {said}")
+    return details
+
+
 def _launch_jvm_in_own_session(conf: dict[str, str], *, log: Path | None) -> None:
     """Starts the driver's JVM as pyspark would (``spark-submit ... pyspark-shell`` with the
     session's confs), but in a session of its own, so that a signal to the Python process's

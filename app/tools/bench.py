@@ -395,7 +395,7 @@ def latency_worker(rate: float, seconds: float, out: Path, slice_seconds: float)
 
     from app.runtime.kafka_io import KafkaConnection, app_topics, consumer_config, ensure_topics
     from app.runtime.settings import Settings
-    from app.runtime.spark import build_spark
+    from app.runtime.spark import build_spark, held_executions
     from app.tools.generator import GenConfig, plan_traffic, produce
     from pipelines import job
     from pipelines import tables as t
@@ -482,6 +482,9 @@ def latency_worker(rate: float, seconds: float, out: Path, slice_seconds: float)
     watcher.join()
     for sampler in samplers:
         sampler.join()
+    # Every execution of the run has ended: a job still held is one filed after its execution
+    # ended, kept for the driver's life (a leak of one per batch ran the job out of heap).
+    held = held_executions(spark)
     count_files()
     bronze = spark.read.format("delta").load(f"{warehouse}/{t.BRONZE}")
     sent_at = {
@@ -523,6 +526,7 @@ def latency_worker(rate: float, seconds: float, out: Path, slice_seconds: float)
                 # after every record sent is in a batch (the slices' counts are taken on the
                 # clock: on a slow machine a short run's last slice can end before a first commit)
                 "files_end": files[-1][1] if files else {},
+                "held_executions_end": held,
                 "slices": soak_slices(
                     sent_and_latency,
                     [_batch_of(p) for p in progress],
@@ -1012,6 +1016,7 @@ def print_table(summary: dict[str, Any]) -> None:
         f"latency at {lat['rate']:,.0f} events/s, 1 s trigger, {lat['records']:,} records: "
         f"p50 {lat['p50']:.2f}s  p95 {lat['p95']:.2f}s  p99 {lat['p99']:.2f}s"
     )
+    print_held(lat)
     print_fixed(summary["fixed_cost"])
     for v, split in summary["split"].items():
         parts = "  ".join(f"{k} {x:.2f}s" for k, x in split.items())
@@ -1085,6 +1090,18 @@ def print_soak(soak: dict[str, Any]) -> None:
         f"whole run, {soak['records']:,} records: latency p50 {soak['p50']:.2f}s "
         f"p99 {soak['p99']:.2f}s"
     )
+    print_held(soak)
+
+
+def print_held(run: dict[str, Any]) -> None:
+    """The run's SQL executions still holding finished jobs once it stopped (a leak keeps one
+    per batch; none or one is what a run leaves)."""
+    held = run.get("held_executions_end")
+    if held is None:  # a result written before the figure was
+        return
+    print(f"SQL executions holding finished jobs after the run: {len(held)}")
+    for line in held[:5]:
+        print(f"  {line}")
 
 
 def chart(summary: dict[str, Any], path: Path) -> None:

@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 
 from app.runtime.kafka_io import KafkaConnection, app_topics, ensure_topics
 from app.runtime.settings import Settings
+from app.runtime.spark import held_executions
 from app.stack.secure_kafka import EVENTS, JOB
 from app.tools.audit import audit
 from app.tools.generator import GenConfig, iso_millis, plan_traffic, produce
@@ -36,8 +37,6 @@ from pipelines.dimension import upsert_dim_ads
 from schemas import ad_event as c
 from tests.builders import (
     event,
-    kept_execution_details,
-    kept_executions,
     run_adattr,
     settings_env,
 )
@@ -108,7 +107,7 @@ def _stop_after(spark: SparkSession, settings: Settings, batches: int) -> None:
 def kept_before_golden(spark: SparkSession) -> int:
     """The SQL executions holding their jobs before the golden runs (another module's test,
     sharing the session, may have left some: not these runs' to answer for)."""
-    return kept_executions(spark)
+    return len(held_executions(spark))
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +180,9 @@ def test_the_runs_leave_none_of_their_jobs_on_the_driver(spark, golden, kept_bef
     runs, more than six published batches) add at most one: on 2026-11-28 one was held after
     them in 2 of 5 runs (0 in the others), its source not found (the message now names it); a
     leak per batch holds six or more."""
-    added = kept_executions(spark) - kept_before_golden
-    assert added <= 1, f"{added} more held: " + "; ".join(kept_execution_details(spark))
+    held = held_executions(spark)
+    added = len(held) - kept_before_golden
+    assert added <= 1, f"{added} more held: " + "; ".join(held)
 
 
 def test_audit_passes_on_the_golden_run_and_catches_a_doubled_record(

@@ -80,7 +80,7 @@ def test_the_soak_prints_each_slice_and_how_the_last_compares_with_the_first(
     )  # fmt: skip
     print_soak(
         {"rate": 10, "minutes": 20 / 60, "slice_seconds": 10, "slices": slices, "records": 2,
-         "p50": 6.0, "p99": 9.0}
+         "p50": 6.0, "p99": 9.0, "held_executions_end": ["execution 7, 2 jobs: collect at x"]}
     )  # fmt: skip
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.startswith("    ")]
@@ -89,3 +89,4 @@ def test_the_soak_prints_each_slice_and_how_the_last_compares_with_the_first(
     assert rows[1] == ["1", "0.2-0.3", "1", "5.00", "5.00", "9.00", "9.00", "450", "450", "2"]
     assert "last slice / first, batch p50: 1.25" in out
     assert "least heap after a collection, slices 1-1: 450-450 MB" in out
+    assert "SQL executions holding finished jobs after the run: 1\n  execution 7, 2 jobs" in out
