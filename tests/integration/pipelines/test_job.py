@@ -35,11 +35,7 @@ from pipelines import job
 from pipelines import tables as t
 from pipelines.dimension import upsert_dim_ads
 from schemas import ad_event as c
-from tests.builders import (
-    event,
-    run_adattr,
-    settings_env,
-)
+from tests.builders import event, run_adattr, settings_env
 from tests.conftest import SecureBroker, isolated_settings
 
 pytestmark = pytest.mark.integration
