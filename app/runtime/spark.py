@@ -2,8 +2,9 @@
 
 Locally (plain ``python``/``adattr``) the session gets Delta's extensions, the Kafka connector and
 Delta jars fetched by ``infra/fetch-jars.sh`` (explicit paths, so no network at run time), the
-chosen state store, UTC and a small number of shuffle partitions, and its JVM starts from the
-class-data archive set-up made (``app.runtime.jvm_archive``) when there is one. Under
+chosen state store, UTC (the session's and the JVM's) and a small number of shuffle partitions,
+and its JVM starts from the class-data archive set-up made (``app.runtime.jvm_archive``) when
+there is one. Under
 ``spark-submit`` the master, the jars and the JVM options come from the command line and are left
 alone.
 """
@@ -11,6 +12,7 @@ alone.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import sys
@@ -22,6 +24,8 @@ from app.runtime.settings import Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger("adattr.spark")
 
 STATE_STORE_PROVIDERS = {
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -82,14 +86,37 @@ def archive_path(settings: Settings) -> Path | None:
     return settings.jars_dir / "cds" / f"driver-{key.hexdigest()[:16]}.jsa"
 
 
-def driver_java_options(settings: Settings) -> str | None:
-    """The driver's JVM options: ``ADATTR_JVM_OPTIONS``, and those that start it from the
+# The driver's JVM runs in UTC whatever the machine's zone. Delta 4.4 verifies the file list it
+# writes into each commit's ``.crc`` by reconstructing the new table version inside the commit
+# whenever the session's, the JVM's default or ``user.timezone`` is not UTC
+# (``Snapshot.allFilesInCrcVerificationForceEnabled``): on a machine in another zone every
+# commit of every table paid a state reconstruction, even a write nothing reads back (bronze,
+# quarantine, late, the ledger). The session's zone is set below; the JVM's is this option.
+UTC_JVM = "-Duser.timezone=UTC"
+
+
+def driver_java_options(settings: Settings) -> str:
+    """The driver's JVM options: UTC, ``ADATTR_JVM_OPTIONS``, and those that start it from the
     archive, if there is one to use."""
-    options = [*settings.java_options]
+    options = [UTC_JVM, *settings.java_options]
     path = archive_path(settings) if settings.jvm_class_archive else None
     if path is not None and path.is_file():
         options.append(f"-XX:SharedArchiveFile={path} {QUIET_CDS}")
-    return " ".join(options) or None
+    return " ".join(options)
+
+
+def time_zone_warning(default_zone: str, user_timezone: str | None) -> str | None:
+    """What to tell a user whose driver JVM is not in UTC (under spark-submit its command line
+    starts the JVM), as Delta decides it: every zone's name must contain "UTC"."""
+    zones = (default_zone, "Etc/UTC" if user_timezone is None else user_timezone)
+    if all("utc" in zone.lower() for zone in zones):
+        return None
+    return (
+        f"the driver's JVM runs in time zone {default_zone} (user.timezone={user_timezone}), "
+        "not UTC: Delta then reconstructs every new table version inside its commit, a cost "
+        "on every write of every batch; start the driver with -Duser.timezone=UTC (spark-submit "
+        "--driver-java-options=-Duser.timezone=UTC)"
+    )
 
 
 # The largest file Delta's auto compaction writes (see spark_conf).
@@ -148,9 +175,7 @@ def spark_conf(settings: Settings, *, submitted: bool = False) -> dict[str, str]
         conf["spark.master"] = settings.spark_master
         conf["spark.driver.memory"] = settings.spark_driver_memory
         conf["spark.jars"] = ",".join(spark_jars(settings.jars_dir))
-        java_opts = driver_java_options(settings)
-        if java_opts:
-            conf["spark.driver.extraJavaOptions"] = java_opts
+        conf["spark.driver.extraJavaOptions"] = driver_java_options(settings)
     return conf
 
 
@@ -170,6 +195,12 @@ def build_spark(settings: Settings, app_name: str = "adattr") -> SparkSession:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    zone = jvm.java.util.TimeZone.getDefault().getID()
+    warning = time_zone_warning(zone, jvm.java.lang.System.getProperty("user.timezone"))
+    if warning:
+        log.warning("%s", warning)
     return spark
 
 

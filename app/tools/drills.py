@@ -34,6 +34,7 @@ from confluent_kafka import KafkaException
 from app.runtime.errors import UserInputError
 from app.runtime.processes import children, cmdline
 from app.runtime.settings import REPO_ROOT, Settings
+from app.runtime.spark import UTC_JVM, spark_jars
 from app.stack.broker import BrokerError, LocalBroker, wait_until_ready
 from app.stack.cluster import NODES, WORKERS, LocalCluster
 
@@ -266,8 +267,6 @@ class Stack:
     def _command(self, args: tuple[str, ...]) -> list[str]:
         if self.cluster is None:
             return [sys.executable, "-m", "app.cli", *args]
-        from app.runtime.spark import spark_jars
-
         assert self.package is not None, "the stack is up"
         return [
             str(Path(sys.executable).with_name("spark-submit")),
@@ -687,11 +686,10 @@ def describe_points() -> str:
 
 
 def submit_java_options(settings: Settings) -> list[str]:
-    """spark-submit's arguments that give the driver and the executors ADATTR_JVM_OPTIONS."""
+    """spark-submit's arguments that give the driver UTC (``UTC_JVM``) and ADATTR_JVM_OPTIONS,
+    and the executors ADATTR_JVM_OPTIONS."""
     options = " ".join(settings.java_options)
+    driver = ["--driver-java-options", " ".join((UTC_JVM, *settings.java_options))]
     if not options:
-        return []
-    return [
-        *("--driver-java-options", options),
-        *("--conf", f"spark.executor.extraJavaOptions={options}"),
-    ]
+        return driver
+    return [*driver, *("--conf", f"spark.executor.extraJavaOptions={options}")]

@@ -37,6 +37,9 @@ args=(
   --conf spark.kubernetes.authenticate.driver.serviceAccountName=adattr
   --conf "spark.executor.instances=$executors"
   --conf spark.executor.cores=2 --conf spark.executor.memory=4g --conf spark.driver.memory=4g
+  # The driver's JVM in UTC: in another zone Delta reconstructs every new table version inside
+  # its commit to verify the .crc (app/runtime/spark.py, UTC_JVM).
+  --conf spark.driver.extraJavaOptions=-Duser.timezone=UTC
   # Only Python's own interpreter has adattr's dependencies (the image installs them there).
   --conf spark.pyspark.python=python3 --conf spark.pyspark.driver.python=python3
   # The Kafka password and CA: a secret mounted as files; the settings name the files. The

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
@@ -14,6 +18,7 @@ from app.runtime.kafka_io import (
 )
 from app.runtime.settings import Settings
 from pipelines.delta_writes import delta_txn
+from tests.builders import adattr_env
 
 pytestmark = pytest.mark.integration
 
@@ -157,3 +162,31 @@ def test_the_jaas_line_parses_in_kafka_and_is_redacted_from_plans(spark) -> None
     plan = source._jdf.queryExecution().toString()
     assert "kafka.sasl.jaas.config=*********(redacted)" in plan
     assert "7f3a" not in plan
+
+
+# Starts the driver as the job does and prints the zones Delta reads (the JVM's default and
+# user.timezone), then this Python's own.
+ZONES = """
+import os, time
+from app.runtime.settings import Settings
+from app.runtime.spark import build_spark
+jvm = build_spark(Settings.from_env(os.environ), "adattr-zones").sparkContext._jvm
+print(jvm.java.util.TimeZone.getDefault().getID())
+print(jvm.java.lang.System.getProperty("user.timezone"))
+print(time.tzname[0])
+"""
+
+
+def test_the_driver_jvm_runs_in_utc_on_a_machine_in_another_zone(tmp_path: Path) -> None:
+    """In another zone Delta reconstructs every new table version inside its commit (README
+    "Performance"): the driver's JVM must be in UTC whatever the machine's zone."""
+    env = adattr_env(data_dir=str(tmp_path), spark_master="local[1]")
+    env["TZ"] = "America/Los_Angeles"
+    done = subprocess.run(
+        [sys.executable, "-c", ZONES], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    default, user_timezone, python = done.stdout.splitlines()[-3:]
+    assert python == "PST"  # the process itself is in Los Angeles ...
+    assert (default, user_timezone) == ("UTC", "UTC")  # ... its driver JVM in UTC
+    assert "not UTC" not in done.stderr

@@ -67,6 +67,7 @@ def test_the_kubernetes_submission_passes_every_setting_to_the_driver_pod() -> N
     for expected in (
         "spark-submit --master k8s://https://k8s.example:6443 --deploy-mode cluster",
         "spark.kubernetes.container.image=registry.example/adattr:1.0",
+        "spark.driver.extraJavaOptions=-Duser.timezone=UTC",
     ):
         assert expected in command
     # The executors read Kafka with the CA file and write state and carried rows beside the

@@ -112,7 +112,7 @@ def test_driver_starts_from_the_class_archive_only_when_there_is_one(tmp_path: P
         (jars / name).write_bytes(b"")
     env = {"ADATTR_JARS_DIR": str(tmp_path)}
     s = Settings.from_env(env)
-    assert "spark.driver.extraJavaOptions" not in spark_conf(s)  # none made yet
+    assert spark_conf(s)["spark.driver.extraJavaOptions"] == "-Duser.timezone=UTC"  # none made yet
     archive = archive_path(s)
     assert archive is not None and archive.parent == tmp_path / "cds"
     archive.parent.mkdir()
@@ -122,11 +122,11 @@ def test_driver_starts_from_the_class_archive_only_when_there_is_one(tmp_path: P
     # Not under spark-submit (its command line owns the JVM), not when switched off ...
     assert "spark.driver.extraJavaOptions" not in spark_conf(s, submitted=True)
     off = Settings.from_env({**env, "ADATTR_JVM_CLASS_ARCHIVE": "false"})
-    assert "spark.driver.extraJavaOptions" not in spark_conf(off)
+    assert "SharedArchiveFile" not in spark_conf(off)["spark.driver.extraJavaOptions"]
     # ... and an archive made for other jars is never used: the key in its name moves.
     (jars / "extra-1.0.jar").write_bytes(b"")
     assert archive_path(s) != archive
-    assert "spark.driver.extraJavaOptions" not in spark_conf(s)
+    assert "SharedArchiveFile" not in spark_conf(s)["spark.driver.extraJavaOptions"]
 
 
 def test_missing_jars_say_how_to_fetch_them(tmp_path: Path) -> None:
@@ -150,12 +150,31 @@ def test_jvm_options_reach_every_jvm_adattr_starts(tmp_path: Path) -> None:
         {"ADATTR_JARS_DIR": str(tmp_path), "ADATTR_JVM_OPTIONS": " -XX:TieredStopAtLevel=1  -Xss2m"}
     )
     assert s.java_options == ("-XX:TieredStopAtLevel=1", "-Xss2m")
-    assert spark_conf(s)["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1 -Xss2m"
+    assert (
+        spark_conf(s)["spark.driver.extraJavaOptions"]
+        == "-Duser.timezone=UTC -XX:TieredStopAtLevel=1 -Xss2m"
+    )
     node = LocalCluster.of(s).broker(1)
     command = node._java("kafka.Kafka", "server.properties")
     assert command[:3] == ["java", "-XX:TieredStopAtLevel=1", "-Xss2m"]
     assert LocalBroker(tmp_path, tmp_path)._java("kafka.Kafka")[1].startswith("-Xmx")  # none
     submit = submit_java_options(s)  # the same string as the local driver's
-    assert submit[submit.index("--driver-java-options") + 1] == "-XX:TieredStopAtLevel=1 -Xss2m"
+    driver = submit[submit.index("--driver-java-options") + 1]
+    assert driver == "-Duser.timezone=UTC -XX:TieredStopAtLevel=1 -Xss2m"
     assert "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -Xss2m" in submit
-    assert submit_java_options(Settings.from_env({})) == []
+    # The driver runs in UTC whatever else it is given (app/runtime/spark.py, UTC_JVM).
+    assert submit_java_options(Settings.from_env({})) == [
+        "--driver-java-options",
+        "-Duser.timezone=UTC",
+    ]
+
+
+def test_a_driver_jvm_outside_utc_is_told_what_it_costs() -> None:
+    from app.runtime.spark import time_zone_warning
+
+    # Delta's own rule: every zone's name contains "UTC"; user.timezone unset counts as UTC.
+    for default, user in (("UTC", "UTC"), ("Etc/UTC", None)):
+        assert time_zone_warning(default, user) is None
+    for default, user in (("Europe/Berlin", "Europe/Berlin"), ("UTC", "GMT"), ("GMT", "UTC")):
+        said = time_zone_warning(default, user)
+        assert said is not None and "-Duser.timezone=UTC" in said and default in said
