@@ -214,6 +214,24 @@ def worker(variant: str, out: Path, dim: Path | None) -> None:
     out.write_text(json.dumps(result))
 
 
+def textbook_read(kafka: Any, settings: Any) -> Any:
+    """B1's read of the Kafka source: ``from_json``, the valid ones deduplicated."""
+    from pyspark.sql import functions as F
+
+    schema = "event_id string, event_type string, event_time string, ad_id string"
+    return (
+        kafka.select(F.from_json(F.col("value").cast("string"), schema).alias("e"))
+        .select(
+            "e.event_id",
+            "e.ad_id",
+            F.to_timestamp("e.event_time", "yyyy-MM-dd'T'HH:mm:ss.SSSX").alias("event_time"),
+        )
+        .where(F.col("event_id").isNotNull() & F.col("event_time").isNotNull())
+        .withWatermark("event_time", settings.watermark_delay)
+        .dropDuplicatesWithinWatermark(["event_id"])
+    )
+
+
 def textbook_job(spark: Any, settings: Any) -> Any:
     """B1: one keyed MERGE per batch into one table, as the Spark and Delta docs show it."""
     from delta.tables import DeltaTable
@@ -236,19 +254,8 @@ def textbook_job(spark: Any, settings: Any) -> Any:
         )
     ).property("delta.autoOptimize.autoCompact", "true").execute()
     dim = spark.read.format("delta").load(f"{warehouse}/{t.DIM_ADS}")
-    schema = "event_id string, event_type string, event_time string, ad_id string"
-    events = (
-        job.read_events(spark, settings)
-        .select(F.from_json(F.col("value").cast("string"), schema).alias("e"))
-        .select(
-            "e.event_id",
-            "e.ad_id",
-            F.to_timestamp("e.event_time", "yyyy-MM-dd'T'HH:mm:ss.SSSX").alias("event_time"),
-        )
-        .where(F.col("event_id").isNotNull() & F.col("event_time").isNotNull())
-        .withWatermark("event_time", settings.watermark_delay)
-        .dropDuplicatesWithinWatermark(["event_id"])
-        .join(F.broadcast(dim.select("ad_id", "campaign_id")), "ad_id")
+    events = textbook_read(job.read_events(spark, settings), settings).join(
+        F.broadcast(dim.select("ad_id", "campaign_id")), "ad_id"
     )
 
     def write(batch: Any, batch_id: int) -> None:

@@ -34,6 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from app.runtime.settings import Settings
+from app.tools.bench import textbook_read
 from app.tools.drills import Stack, chunks_of
 from app.tools.generator import GenConfig, plan_traffic
 from pipelines import job
@@ -47,6 +48,8 @@ VARIANTS = ("scan", "parse", "state", "union", "classify", "b1")
 def stream_of(variant: str, kafka: DataFrame, settings: Settings) -> DataFrame:
     if variant == "scan":
         return kafka
+    if variant == "b1":
+        return textbook_read(kafka, settings)
     parsed = kafka.transform(with_kafka_coordinates).transform(
         parse_events(max_bytes=settings.max_record_bytes)
     )
@@ -54,20 +57,8 @@ def stream_of(variant: str, kafka: DataFrame, settings: Settings) -> DataFrame:
         return parsed
     if variant == "state":
         return parsed.transform(first_sightings(watermark_delay=settings.watermark_delay))
-    if variant in ("union", "classify"):
-        return job.attribution_stream(kafka, settings)
-    schema = "event_id string, event_type string, event_time string, ad_id string"
-    return (  # b1: as app/tools/bench.py's textbook_job reads
-        kafka.select(F.from_json(F.col("value").cast("string"), schema).alias("e"))
-        .select(
-            "e.event_id",
-            "e.ad_id",
-            F.to_timestamp("e.event_time", "yyyy-MM-dd'T'HH:mm:ss.SSSX").alias("event_time"),
-        )
-        .where(F.col("event_id").isNotNull() & F.col("event_time").isNotNull())
-        .withWatermark("event_time", settings.watermark_delay)
-        .dropDuplicatesWithinWatermark(["event_id"])
-    )
+    assert variant in ("union", "classify"), variant
+    return job.attribution_stream(kafka, settings)
 
 
 def classify_step(checkpoint: Path) -> Callable[[DataFrame, int], None]:
