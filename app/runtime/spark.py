@@ -4,9 +4,8 @@ Locally (plain ``python``/``adattr``) the session gets Delta's extensions, the K
 Delta jars fetched by ``infra/fetch-jars.sh`` (explicit paths, so no network at run time), the
 chosen state store, UTC (the session's and the JVM's) and a small number of shuffle partitions,
 and its JVM starts from the class-data archive set-up made (``app.runtime.jvm_archive``) when
-there is one. Under
-``spark-submit`` the master, the jars and the JVM options come from the command line and are left
-alone.
+there is one. Under ``spark-submit`` the master, the jars and the JVM options come from the
+command line and are left alone.
 """
 
 from __future__ import annotations

@@ -688,8 +688,8 @@ def describe_points() -> str:
 def submit_java_options(settings: Settings) -> list[str]:
     """spark-submit's arguments that give the driver UTC (``UTC_JVM``) and ADATTR_JVM_OPTIONS,
     and the executors ADATTR_JVM_OPTIONS."""
-    options = " ".join(settings.java_options)
-    driver = ["--driver-java-options", " ".join((UTC_JVM, *settings.java_options))]
+    options = settings.java_options
+    driver = ["--driver-java-options", " ".join((UTC_JVM, *options))]
     if not options:
         return driver
-    return [*driver, *("--conf", f"spark.executor.extraJavaOptions={options}")]
+    return [*driver, "--conf", f"spark.executor.extraJavaOptions={' '.join(options)}"]
