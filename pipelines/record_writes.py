@@ -38,6 +38,24 @@ class RecordWrite:
     fresh: bool
 
 
+def batch_stats(rows: DataFrame) -> list[Row]:
+    """A classified batch's statistics, one row per outcome and Kafka partition: ``n`` records,
+    their offsets ``lo``..``hi``, event times ``t_lo``..``t_hi`` and newest Kafka timestamp
+    ``k_hi`` (epoch ms). The batch's first action: it runs the read and the stateful operator."""
+    return (
+        rows.groupBy("outcome", "kafka_topic", "kafka_partition")
+        .agg(
+            F.count("*").alias("n"),
+            F.min("kafka_offset").alias("lo"),
+            F.max("kafka_offset").alias("hi"),
+            F.expr("unix_millis(min(event_time))").alias("t_lo"),
+            F.expr("unix_millis(max(event_time))").alias("t_hi"),
+            F.expr("unix_millis(max(kafka_timestamp))").alias("k_hi"),
+        )
+        .collect()
+    )
+
+
 def ranges_and_counts(stats: list[Row]) -> tuple[Ranges, dict[str, int]]:
     """Per partition, the offsets the batch read; per outcome, how many records had it (and
     ``read``, their sum). ``stats`` rows: outcome, kafka_topic, kafka_partition, n, lo, hi."""

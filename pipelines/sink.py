@@ -54,6 +54,7 @@ from pipelines.published_rows import changed_records, rows_of
 from pipelines.record_writes import (
     PriorDecisions,
     accepted_span,
+    batch_stats,
     ranges_and_counts,
     record_writes,
 )
@@ -173,18 +174,7 @@ class AttributionSink:
             lambda f: f.startswith((f"{version}.", f"{version}_", f".{version}.")),
         )
         try:
-            stats = (
-                rows.groupBy("outcome", "kafka_topic", "kafka_partition")
-                .agg(
-                    F.count("*").alias("n"),
-                    F.min("kafka_offset").alias("lo"),
-                    F.max("kafka_offset").alias("hi"),
-                    F.expr("unix_millis(min(event_time))").alias("t_lo"),
-                    F.expr("unix_millis(max(event_time))").alias("t_hi"),
-                    F.expr("unix_millis(max(kafka_timestamp))").alias("k_hi"),
-                )
-                .collect()
-            )
+            stats = batch_stats(rows)
             disarm()
             self.timer.mark("read+state+classify")
             self._write(

@@ -40,6 +40,7 @@ from app.tools.drills import Stack, chunks_of
 from app.tools.generator import GenConfig, plan_traffic
 from pipelines import job
 from pipelines.offset_log import read_batch_meta
+from pipelines.record_writes import batch_stats
 from pipelines.sink import FIRST, RECORD
 from pipelines.transforms import classify, first_sightings, parse_events, with_kafka_coordinates
 
@@ -75,13 +76,7 @@ def classify_step(checkpoint: Path) -> Callable[[DataFrame, int], None]:
         )
         rows = classify(records, firsts, watermark_ms=watermark_ms)
         rows.persist(StorageLevel.MEMORY_AND_DISK)
-        rows.groupBy("outcome", "kafka_topic", "kafka_partition").agg(
-            F.count("*").alias("n"),
-            F.min("kafka_offset").alias("lo"),
-            F.max("kafka_offset").alias("hi"),
-            F.expr("unix_millis(min(event_time))").alias("t_lo"),
-            F.expr("unix_millis(max(event_time))").alias("t_hi"),
-        ).collect()
+        batch_stats(rows)
         rows.unpersist()
         batch_df.unpersist()
 
