@@ -165,7 +165,15 @@ def main() -> int:
     )
     for i in range(20):
         minutes(spark, 20 * i, 20, 0).write.format("delta").mode("append").save(table)
-    writes = 4 * (args.rounds + 2)
+    cost = ReplaceCost(spark, table, events)
+    variants: list[tuple[str, Callable[[], float]]] = [
+        ("merge", lambda: cost.merge(joined=False)),
+        ("merge_join", lambda: cost.merge(joined=True)),
+        ("replace_join", lambda: cost.overwrite(joined=True)),
+        ("replace", lambda: cost.overwrite(joined=False)),
+    ]
+    # Every write of the run (two warm-ups and the rounds, per variant) reads fresh events.
+    writes = len(variants) * (args.rounds + 2)
     event_minute = (F.col("id") / (ADS * 10)).cast("long") + FIRST
     spark.range((2 * writes + 8) * ADS * 10).select(
         F.timestamp_millis(event_minute * MINUTE_MS + F.col("id") % 1000).alias("event_time"),
@@ -174,13 +182,6 @@ def main() -> int:
         ),
         F.when(F.col("id") % 5 == 0, "click").otherwise("impression").alias("event_type"),
     ).write.format("delta").save(events)
-    cost = ReplaceCost(spark, table, events)
-    variants: list[tuple[str, Callable[[], float]]] = [
-        ("merge", lambda: cost.merge(joined=False)),
-        ("merge_join", lambda: cost.merge(joined=True)),
-        ("replace_join", lambda: cost.overwrite(joined=True)),
-        ("replace", lambda: cost.overwrite(joined=False)),
-    ]
     for _, write in variants:  # warm-up: each variant's first writes plan and compile anew
         write()
         write()
