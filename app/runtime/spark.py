@@ -255,7 +255,7 @@ def _open_log(path: Path) -> BinaryIO:
     """The JVM's log, opened for appending, under a line that says which command this is."""
     path.parent.mkdir(parents=True, exist_ok=True)
     out = path.open("ab")
-    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     out.write(f"--- {started} pid {os.getpid()}: {' '.join(sys.argv)}\n".encode())
     out.flush()
     return out

@@ -98,7 +98,8 @@ class Stack:
         root: str = "drills",
         cluster: LocalCluster | None = None,
     ) -> None:
-        self.id = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        # Named in UTC, as the logs' and the README's times are, whatever the machine's zone.
+        self.id = f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
         self.cluster = cluster
         home = cluster.shared if cluster is not None else base.data_dir
         self.dir = (home / root / self.id).resolve()
