@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -61,9 +62,34 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on now, for a listener started next, chosen below the kernel's
+    ephemeral range: a port the kernel handed out (``bind(host, 0)``) could be handed out again,
+    to any client's outgoing connection, between this call and the listener's own bind, and the
+    broker or Spark master would then fail to start. Below the range only another explicit
+    listener can take it."""
+    low, _ = _ephemeral_ports()
+    first = max(1024, low - 12_000)
+    if low - first < 1000:  # a machine whose range starts near 1024: only the kernel's choice
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            return int(sock.getsockname()[1])
+    for port in random.sample(range(first, low), 200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {first}-{low - 1} on {host} after 200 tries")
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' ports (Linux; elsewhere its usual default)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def read_pid(path: Path) -> int | None:
