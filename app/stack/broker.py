@@ -61,6 +61,11 @@ def port_is_free(host: str, port: int) -> bool:
         return True
 
 
+# The ports free_port gave out in this process: two calls in a row (a broker's client and
+# controller ports) must not get the same one before either listener binds it.
+_GIVEN: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now, for a listener started next, chosen below the kernel's
     ephemeral range: a port the kernel handed out (``bind(host, 0)``) could be handed out again,
@@ -74,12 +79,15 @@ def free_port(host: str = "127.0.0.1") -> int:
             sock.bind((host, 0))
             return int(sock.getsockname()[1])
     for port in random.sample(range(first, low), 200):
+        if port in _GIVEN:  # chosen earlier in this process, its listener maybe not up yet
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
             except OSError:
                 continue
-            return port
+        _GIVEN.add(port)
+        return port
     raise RuntimeError(f"no free port in {first}-{low - 1} on {host} after 200 tries")
 
 

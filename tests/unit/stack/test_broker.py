@@ -41,3 +41,10 @@ def test_a_port_something_listens_on_is_never_given_out(monkeypatch: pytest.Monk
         monkeypatch.setattr(broker.random, "sample", lambda r, k: [port] * k)
         with pytest.raises(RuntimeError, match="no free port"):
             broker.free_port()
+
+
+def test_a_port_is_given_out_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = broker.free_port()
+    # Every try lands on the port given out already (its listener not up yet), then on another.
+    monkeypatch.setattr(broker.random, "sample", lambda r, k: [first] * (k - 1) + [first - 1])
+    assert broker.free_port() == first - 1
