@@ -79,15 +79,10 @@ def free_port(host: str = "127.0.0.1") -> int:
             sock.bind((host, 0))
             return int(sock.getsockname()[1])
     for port in random.sample(range(first, low), 200):
-        if port in _GIVEN:  # chosen earlier in this process, its listener maybe not up yet
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-        _GIVEN.add(port)
-        return port
+        # Not one chosen earlier in this process (its listener maybe not up yet).
+        if port not in _GIVEN and port_is_free(host, port):
+            _GIVEN.add(port)
+            return port
     raise RuntimeError(f"no free port in {first}-{low - 1} on {host} after 200 tries")
 
 

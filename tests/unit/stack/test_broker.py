@@ -1,4 +1,5 @@
 import base64
+import socket
 import uuid
 
 import pytest
@@ -21,8 +22,6 @@ def test_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_a_free_port_lies_below_the_kernels_ephemeral_range_and_is_free() -> None:
-    import socket
-
     low, _ = broker._ephemeral_ports()
     ports = {broker.free_port() for _ in range(20)}
     assert all(1024 <= p < low for p in ports), (ports, low)
@@ -31,13 +30,11 @@ def test_a_free_port_lies_below_the_kernels_ephemeral_range_and_is_free() -> Non
 
 
 def test_a_port_something_listens_on_is_never_given_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        # The only candidate below the range is taken, every other try lands on it too.
+        # Every candidate drawn is the port that is taken.
         monkeypatch.setattr(broker.random, "sample", lambda r, k: [port] * k)
         with pytest.raises(RuntimeError, match="no free port"):
             broker.free_port()
