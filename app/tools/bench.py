@@ -890,6 +890,12 @@ def _throughput(
     s: Any, n: int, reps: int, batch: int, variants: tuple[str, ...] = VARIANTS
 ) -> dict[str, list[dict[str, Any]]]:
     """Each variant over the same preloaded topic, ``reps`` times, alternating the order."""
+    return alternating_runs(s, preload(s, n, batch), reps, variants)
+
+
+def preload(s: Any, n: int, batch: int) -> Path:
+    """Produces the bench's traffic of ``n`` events to the stack's input topic; returns the
+    dimension's CSV (``batch``: the micro-batch size, for the message only)."""
     from app.tools.dim_csv import write_dim_csv
     from app.tools.drills import chunks_of
     from app.tools.generator import GenConfig, plan_traffic
@@ -905,13 +911,22 @@ def _throughput(
     )
     for part in chunks_of(records, 10):
         s.produce(part)
-    dim_csv = s.dir / "dim.csv"
+    dim_csv: Path = s.dir / "dim.csv"
     write_dim_csv(dim_csv, traffic.dim_rows)
+    return dim_csv
+
+
+def alternating_runs(
+    s: Any, dim_csv: Path, reps: int, variants: tuple[str, ...], tag: str = ""
+) -> dict[str, list[dict[str, Any]]]:
+    """Each variant over the stack's topic from its start, ``reps`` times, alternating the
+    order; each run in fresh tables and checkpoints named ``<tag><variant>-<repeat>``, with the
+    stack's settings (``s.overrides``: the batch size among them)."""
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     order = list(variants)
     for rep in range(reps):
         for variant in order:
-            run = f"{variant}-{rep + 1}"
+            run = f"{tag}{variant}-{rep + 1}"
             env = _run_env(s, run)
             env["ADATTR_DELIVERY"] = "at-least-once" if variant == "B2" else "exactly-once"
             print(f"bench: run {rep + 1}/{reps} {LABELS[variant]} ...", end="", flush=True)

@@ -1,0 +1,120 @@
+"""How the shipped job's throughput, and each phase of its batches, scale with the micro-batch
+size (issue 13: what a gold pass covering several record batches could buy).
+
+A gold writer that ran beside the stream, one pass over the accepted events of several record
+batches, would pay gold's fixed cost once per pass instead of once per batch, but still its
+per-record work. A B3 batch k times the bench's size pays both parts of every phase that way,
+so B3's figures at 25,000 and at k x 25,000 records per batch bound what such a pass can buy
+(an upper bound: they also amortise the record path's own fixed cost, and leave out the two
+loops' competition for the cores). B1, the textbook job, runs at each size too.
+
+Preloads the bench's traffic once (``--events``), then runs each variant over the whole topic
+at each ``--sizes`` (``maxOffsetsPerTrigger``), in fresh tables, the order of the sizes and the
+variants reversed every round. Prints events/s per run (Spark's trigger time of every data
+batch but the first, as the bench) and, per size, B3's median phase times per batch and per
+1,000 records.
+
+    .venv/bin/python infra/bench/batch_size.py --events 400000 --sizes 25000,100000
+
+It starts (and stops) the embedded broker like the bench does; run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from typing import Any
+
+from app.runtime.settings import Settings
+from app.tools.bench import VARIANTS, alternating_runs, preload
+from app.tools.drills import Stack
+
+PHASES = {
+    "read+state": ("read+state+classify", "dim"),
+    "records": ("records",),
+    "gold": ("gold",),
+    "Kafka": ("kafka",),
+    "ledger": ("ledger",),
+}
+
+
+def phases(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Median seconds per batch in each phase, over the batches but the first (warm-up) and
+    the last (the topic's remainder and its late records)."""
+    counted = steps[1:-1] or steps
+    return {
+        name: statistics.median(sum(s.get(k, 0.0) for k in keys) for s in counted)
+        for name, keys in PHASES.items()
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=400_000)
+    parser.add_argument("--sizes", default="25000,100000", help="records per batch, commas")
+    parser.add_argument("--variants", default="B1,B3")
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",") if x]
+    variants = tuple(v for v in args.variants.split(",") if v)
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    if not sizes or min(sizes) < 1 or max(sizes) * 3 > args.events:
+        parser.error("each size must be positive and at most a third of --events")
+    s = Stack(
+        Settings.from_env({}),
+        "batch-size",
+        events=args.events,
+        seed=3,
+        batch=sizes[0],
+        root="bench",
+    )
+    s.overrides["ADATTR_TRIGGER_INTERVAL"] = "1 second"
+    for key in ("WATERMARK_DELAY", "ATTRIBUTION_LOOKBACK", "SESSION_GAP", "SHUFFLE_PARTITIONS"):
+        s.overrides.pop(f"ADATTR_{key}", None)  # the shipped defaults, as the bench
+    s.up()
+    runs: dict[int, dict[str, list[dict[str, Any]]]] = {n: {v: [] for v in variants} for n in sizes}
+    try:
+        print(f"batch-size: results under {s.dir}", flush=True)
+        dim_csv = preload(s, args.events, sizes[0])
+        order, names = list(sizes), list(variants)
+        for r in range(args.rounds):
+            for n in order:
+                s.overrides["ADATTR_MAX_OFFSETS_PER_TRIGGER"] = str(n)
+                print(f"batch-size: round {r + 1}, {n:,} records per batch", flush=True)
+                got = alternating_runs(s, dim_csv, 1, tuple(names), tag=f"r{r + 1}-{n}-")
+                for v in variants:
+                    runs[n][v].extend(got[v])
+                names.reverse()
+            order.reverse()
+    finally:
+        s.down()
+    (s.dir / "result.json").write_text(json.dumps({str(n): runs[n] for n in sizes}, indent=1))
+    print("\nevents/s per run (median):")
+    for n in sizes:
+        rates = {v: [r["events_per_s"] for r in runs[n][v]] for v in variants}
+        line = "  ".join(
+            f"{v} {statistics.median(xs):,.0f} ({', '.join(f'{x:,.0f}' for x in xs)})"
+            for v, xs in rates.items()
+        )
+        ratio = ""
+        if "B1" in rates and "B3" in rates:
+            ratio = f"  B3/B1 {statistics.median(rates['B3']) / statistics.median(rates['B1']):.2f}"
+        print(f"  {n:>8,} per batch: {line}{ratio}")
+    if "B3" in variants:
+        print("B3's phases, median s per batch (per 1,000 records):")
+        for n in sizes:
+            split = phases([st for r in runs[n]["B3"] for st in r["steps"]])
+            print(
+                f"  {n:>8,}: "
+                + "  ".join(f"{k} {v:.2f} ({v * 1000 / n:.3f})" for k, v in split.items())
+            )
+    print(f"batch-size: wrote {s.dir / 'result.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
