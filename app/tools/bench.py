@@ -716,7 +716,7 @@ def _run_worker(env: dict[str, str], out: Path, *args: str, log: Path) -> dict[s
     return result
 
 
-def _split(steps: list[dict[str, float]]) -> dict[str, float]:
+def phase_medians(steps: list[dict[str, float]]) -> dict[str, float]:
     """Seconds per batch (median over data batches) in each phase of the sink."""
     rows = []
     for s in steps[1:] or steps:
@@ -748,6 +748,18 @@ def _run_env(s: Any, run: str, *, own_input: bool = False) -> dict[str, str]:
     return env
 
 
+def bench_stack(base: Any, name: str, *, events: int, batch: int) -> Any:
+    """A drill stack set up as the bench runs the job (not started): a 1 s trigger, ``batch``
+    records per micro-batch at most, and the shipped defaults where the drills shrink them."""
+    from app.tools.drills import Stack
+
+    s = Stack(base, name, events=events, seed=3, batch=batch, root="bench")
+    s.overrides["ADATTR_TRIGGER_INTERVAL"] = "1 second"
+    for key in ("WATERMARK_DELAY", "ATTRIBUTION_LOOKBACK", "SESSION_GAP", "SHUFFLE_PARTITIONS"):
+        s.overrides.pop(f"ADATTR_{key}", None)  # the shipped defaults
+    return s
+
+
 def bench(
     base: Any,
     *,
@@ -759,18 +771,14 @@ def bench(
     soak_minutes: float | None = None,
     soak_rate: float | None = None,
 ) -> int:
-    from app.tools.drills import Stack
 
     n = events or (4_000 if quick else 200_000)
     reps = repeats or (1 if quick else 3)
     batch = max(1000, n // (2 if quick else 8))
     rounds = 2 if quick else 6
-    s = Stack(base, "bench", events=n, seed=3, batch=batch, root="bench")
+    s = bench_stack(base, "bench", events=n, batch=batch)
     s.up()
     try:
-        s.overrides["ADATTR_TRIGGER_INTERVAL"] = "1 second"
-        for key in ("WATERMARK_DELAY", "ATTRIBUTION_LOOKBACK", "SESSION_GAP", "SHUFFLE_PARTITIONS"):
-            s.overrides.pop(f"ADATTR_{key}", None)  # the shipped defaults
         if publish_rows:
             print(f"bench: publishing only; results under {s.dir}", flush=True)
             cost = _publish_cost(s, publish_rows)
@@ -1014,7 +1022,9 @@ def summarise(
         "peak_rss_mb": {
             v: max(r.get("peak_rss_mb", 0) for r in rs) for v, rs in results.items() if v != "B0k"
         },
-        "split": {v: _split([s for r in results[v] for s in r["steps"]]) for v in ("B2", "B3")},
+        "split": {
+            v: phase_medians([s for r in results[v] for s in r["steps"]]) for v in ("B2", "B3")
+        },
     }
 
 

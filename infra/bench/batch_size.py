@@ -28,26 +28,7 @@ import sys
 from typing import Any
 
 from app.runtime.settings import Settings
-from app.tools.bench import VARIANTS, alternating_runs, preload
-from app.tools.drills import Stack
-
-PHASES = {
-    "read+state": ("read+state+classify", "dim"),
-    "records": ("records",),
-    "gold": ("gold",),
-    "Kafka": ("kafka",),
-    "ledger": ("ledger",),
-}
-
-
-def phases(steps: list[dict[str, float]]) -> dict[str, float]:
-    """Median seconds per batch in each phase, over the batches but the first (warm-up) and
-    the last (the topic's remainder and its late records)."""
-    counted = steps[1:-1] or steps
-    return {
-        name: statistics.median(sum(s.get(k, 0.0) for k in keys) for s in counted)
-        for name, keys in PHASES.items()
-    }
+from app.tools.bench import VARIANTS, alternating_runs, bench_stack, phase_medians, preload
 
 
 def main() -> int:
@@ -64,17 +45,7 @@ def main() -> int:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     if not sizes or min(sizes) < 1 or max(sizes) * 3 > args.events:
         parser.error("each size must be positive and at most a third of --events")
-    s = Stack(
-        Settings.from_env({}),
-        "batch-size",
-        events=args.events,
-        seed=3,
-        batch=sizes[0],
-        root="bench",
-    )
-    s.overrides["ADATTR_TRIGGER_INTERVAL"] = "1 second"
-    for key in ("WATERMARK_DELAY", "ATTRIBUTION_LOOKBACK", "SESSION_GAP", "SHUFFLE_PARTITIONS"):
-        s.overrides.pop(f"ADATTR_{key}", None)  # the shipped defaults, as the bench
+    s = bench_stack(Settings.from_env({}), "batch-size", events=args.events, batch=sizes[0])
     s.up()
     runs: dict[int, dict[str, list[dict[str, Any]]]] = {n: {v: [] for v in variants} for n in sizes}
     try:
@@ -107,7 +78,8 @@ def main() -> int:
     if "B3" in variants:
         print("B3's phases, median s per batch (per 1,000 records):")
         for n in sizes:
-            split = phases([st for r in runs[n]["B3"] for st in r["steps"]])
+            # the bench's own medians (first batch left out), without the topic's small last one
+            split = phase_medians([st for r in runs[n]["B3"] for st in r["steps"][:-1]])
             print(
                 f"  {n:>8,}: "
                 + "  ".join(f"{k} {v:.2f} ({v * 1000 / n:.3f})" for k, v in split.items())
