@@ -11,8 +11,8 @@ loops' competition for the cores). B1, the textbook job, runs at each size too.
 Preloads the bench's traffic once (``--events``), then runs each variant over the whole topic
 at each ``--sizes`` (``maxOffsetsPerTrigger``), in fresh tables, the order of the sizes and the
 variants reversed every round. Prints events/s per run (Spark's trigger time of every data
-batch but the first, as the bench) and, per size, B3's median phase times per batch and per
-1,000 records.
+batch but the first, as the bench), the CPU the job's processes spent per record read, and, per
+size, B3's median phase times per batch and per 1,000 records.
 
     .venv/bin/python infra/bench/batch_size.py --events 400000 --sizes 25000,100000
 
@@ -37,6 +37,11 @@ def main() -> int:
     parser.add_argument("--sizes", default="25000,100000", help="records per batch, commas")
     parser.add_argument("--variants", default="B1,B3")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--jvm-options",
+        help="also run every size with these options for the measured job's JVM (not the "
+        "broker's), alternating with the default (e.g. '-XX:TieredStopAtLevel=1')",
+    )
     args = parser.parse_args()
     sizes = [int(x) for x in args.sizes.split(",") if x]
     variants = tuple(v for v in args.variants.split(",") if v)
@@ -45,28 +50,46 @@ def main() -> int:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     if not sizes or min(sizes) < 1 or max(sizes) * 3 > args.events:
         parser.error("each size must be positive and at most a third of --events")
+    # (label, records per batch, the job JVM's options: None for the default)
+    settings = [
+        (f"{n:,}" + (" jvm" if jvm else ""), n, jvm)
+        for n in sizes
+        for jvm in ([None, args.jvm_options] if args.jvm_options else [None])
+    ]
     s = bench_stack(Settings.from_env({}), "batch-size", events=args.events, batch=sizes[0])
     s.up()
-    runs: dict[int, dict[str, list[dict[str, Any]]]] = {n: {v: [] for v in variants} for n in sizes}
+    default_jvm = s.overrides.get("ADATTR_JVM_OPTIONS")
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        label: {v: [] for v in variants} for label, _, _ in settings
+    }
     try:
         print(f"batch-size: results under {s.dir}", flush=True)
+        if args.jvm_options:
+            print(f'batch-size: "jvm" runs: ADATTR_JVM_OPTIONS={args.jvm_options}', flush=True)
         dim_csv = preload(s, args.events, sizes[0])
-        order, names = list(sizes), list(variants)
+        order, names = list(settings), list(variants)
         for r in range(args.rounds):
-            for n in order:
+            for label, n, jvm in order:
                 s.overrides["ADATTR_MAX_OFFSETS_PER_TRIGGER"] = str(n)
-                print(f"batch-size: round {r + 1}, {n:,} records per batch", flush=True)
-                got = alternating_runs(s, dim_csv, 1, tuple(names), tag=f"r{r + 1}-{n}-")
+                if jvm is not None:
+                    s.overrides["ADATTR_JVM_OPTIONS"] = jvm
+                elif default_jvm is None:
+                    s.overrides.pop("ADATTR_JVM_OPTIONS", None)
+                else:
+                    s.overrides["ADATTR_JVM_OPTIONS"] = default_jvm
+                print(f"batch-size: round {r + 1}, {label} records per batch", flush=True)
+                tag = f"r{r + 1}-{n}-" + ("jvm-" if jvm else "")
+                got = alternating_runs(s, dim_csv, 1, tuple(names), tag=tag)
                 for v in variants:
-                    runs[n][v].extend(got[v])
+                    runs[label][v].extend(got[v])
                 names.reverse()
             order.reverse()
     finally:
         s.down()
-    (s.dir / "result.json").write_text(json.dumps({str(n): runs[n] for n in sizes}, indent=1))
+    (s.dir / "result.json").write_text(json.dumps(runs, indent=1))
     print("\nevents/s per run (median):")
-    for n in sizes:
-        rates = {v: [r["events_per_s"] for r in runs[n][v]] for v in variants}
+    for label in runs:
+        rates = {v: [r["events_per_s"] for r in runs[label][v]] for v in variants}
         line = "  ".join(
             f"{v} {statistics.median(xs):,.0f} ({', '.join(f'{x:,.0f}' for x in xs)})"
             for v, xs in rates.items()
@@ -74,14 +97,24 @@ def main() -> int:
         ratio = ""
         if "B1" in rates and "B3" in rates:
             ratio = f"  B3/B1 {statistics.median(rates['B3']) / statistics.median(rates['B1']):.2f}"
-        print(f"  {n:>8,} per batch: {line}{ratio}")
+        print(f"  {label:>12} per batch: {line}{ratio}")
+    print(
+        "CPU of the job's processes per record read (ms; the query's whole run: its Python, "
+        "its JVM, Spark's Python workers, not the broker's):"
+    )
+    for label in runs:
+        line = "  ".join(
+            f"{v} " + ", ".join(f"{r['cpu_s'] * 1000 / r['records_total']:.2f}" for r in rs)
+            for v, rs in runs[label].items()
+        )
+        print(f"  {label:>12} per batch: {line}")
     if "B3" in variants:
         print("B3's phases, median s per batch (per 1,000 records):")
-        for n in sizes:
+        for label, n, _ in settings:
             # the bench's own medians (first batch left out), without the topic's small last one
-            split = phase_medians([st for r in runs[n]["B3"] for st in r["steps"][:-1]])
+            split = phase_medians([st for r in runs[label]["B3"] for st in r["steps"][:-1]])
             print(
-                f"  {n:>8,}: "
+                f"  {label:>12}: "
                 + "  ".join(f"{k} {v:.2f} ({v * 1000 / n:.3f})" for k, v in split.items())
             )
     print(f"batch-size: wrote {s.dir / 'result.json'}")
