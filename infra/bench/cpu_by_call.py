@@ -1,0 +1,127 @@
+"""Where a run's executor CPU went, by the Spark jobs' descriptions or call sites (issue 13: B3
+spends ~5x B1's CPU per record; which work is it?).
+
+Reads a Spark event log (JSON lines) and sums, per job description (``--by desc``: the
+streaming query's name for the jobs its batch thread runs, Delta's for its own, e.g. "MERGE
+operation - materialize source"; none for jobs started from other threads) or per call site
+(``--by site``: ``callSite.short``), the tasks' executor CPU time, their run time, and the jobs'
+and tasks' counts. Work outside tasks (planning, Delta's log replay on the driver, py4j, the
+JIT compiler, GC, Python) is not in an event log: compare the total with the CPU of the job's
+processes that ``batch_size.py`` reports (``cpu_s``) for its share.
+
+Record an event log by starting the run with
+``PYSPARK_SUBMIT_ARGS='--conf spark.eventLog.enabled=true --conf
+spark.eventLog.dir=file:///tmp/ev pyspark-shell'`` (the job's JVM is launched through
+spark-submit, which reads it), then:
+
+    .venv/bin/python infra/bench/cpu_by_call.py /tmp/ev/eventlog_v2_local-*  [--by desc|site]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Tally:
+    cpu_ns: int = 0
+    run_ms: int = 0
+    tasks: int = 0
+    jobs: set[int] = field(default_factory=set)
+
+
+def _site(props: dict[str, str]) -> str:
+    short = props.get("callSite.short") or "(no call site)"
+    # A site's Python path without the checkout's prefix, which differs between clones.
+    return re.sub(r"\S*/(pipelines|app|infra)/", r"\1/", short)
+
+
+def _desc(props: dict[str, str]) -> str:
+    # a streaming query's jobs: its name, then its id, run id and batch on lines of their own
+    desc = (props.get("spark.job.description") or "").split("\n")[0]
+    # Delta's descriptions name versions and table paths: keep the kind of work only.
+    desc = re.sub(r"\d+", "N", desc)
+    return re.sub(r"(file:|/)\S+", "<path>", desc)[:90] or "(none)"
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """An event log's lines: a file, or Spark 4's log directory (``eventlog_v2_<app>``) of
+    rolled files, each plain or compressed with zstd (Spark's default codec; read through the
+    ``zstd`` command)."""
+    files = sorted(path.glob("events_*"), key=_roll) if path.is_dir() else [path]
+    for f in files:
+        if f.suffix == ".zstd":
+            out = subprocess.run(["zstd", "-dc", str(f)], check=True, capture_output=True).stdout
+            yield from out.decode().splitlines()
+        else:
+            with f.open() as lines:
+                yield from lines
+
+
+def _roll(f: Path) -> int:
+    return int(f.name.split("_")[1])
+
+
+def tally(path: Path, by: str) -> tuple[dict[str, Tally], float]:
+    """Per key, the tasks' CPU and run time; and the log's wall-clock span (s)."""
+    stage_key: dict[int, str] = {}
+    out: dict[str, Tally] = defaultdict(Tally)
+    first = last = None
+    for line in _lines(path):
+        ev = json.loads(line)
+        kind = ev.get("Event")
+        stamp = ev.get("Timestamp") or ev.get("time") or ev.get("Submission Time")
+        if isinstance(stamp, int):
+            first = stamp if first is None else min(first, stamp)
+            last = stamp if last is None else max(last, stamp)
+        if kind == "SparkListenerJobStart":
+            props = ev.get("Properties") or {}
+            key = _site(props) if by == "site" else _desc(props)
+            for stage in ev["Stage IDs"]:
+                stage_key[stage] = key
+            out[key].jobs.add(ev["Job ID"])
+        elif kind == "SparkListenerTaskEnd":
+            metrics = ev.get("Task Metrics") or {}
+            t = out[stage_key.get(ev["Stage ID"], "(unknown stage)")]
+            t.cpu_ns += metrics.get("Executor CPU Time", 0) + metrics.get(
+                "Executor Deserialize CPU Time", 0
+            )
+            t.run_ms += metrics.get("Executor Run Time", 0)
+            t.tasks += 1
+    span = (last - first) / 1000 if first is not None and last is not None else 0.0
+    return out, span
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("log", type=Path)
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--by", choices=("site", "desc"), default="desc")
+    args = parser.parse_args()
+    out, span = tally(args.log, args.by)
+    total_cpu = sum(t.cpu_ns for t in out.values()) / 1e9
+    total_run = sum(t.run_ms for t in out.values()) / 1e3
+    print(
+        f"{args.log}: {span:,.0f} s of log, executors' CPU {total_cpu:,.1f} s, "
+        f"task run time {total_run:,.1f} s, {sum(len(t.jobs) for t in out.values()):,} jobs"
+    )
+    print(f"{'CPU s':>8} {'share':>6} {'run s':>8} {'jobs':>6} {'tasks':>7}  {args.by}")
+    for key, t in sorted(out.items(), key=lambda kv: -kv[1].cpu_ns)[: args.top]:
+        cpu = t.cpu_ns / 1e9
+        print(
+            f"{cpu:8.1f} {cpu / total_cpu:6.1%} {t.run_ms / 1e3:8.1f} {len(t.jobs):6d} "
+            f"{t.tasks:7d}  {key}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
