@@ -40,7 +40,8 @@ def main() -> int:
     parser.add_argument(
         "--jvm-options",
         help="also run every size with these options for the measured job's JVM (not the "
-        "broker's), alternating with the default (e.g. '-XX:TieredStopAtLevel=1')",
+        "broker's), alternating with the default; write --jvm-options=-XX:... (with '=', or "
+        "argparse takes a lone option for a flag of its own)",
     )
     args = parser.parse_args()
     sizes = [int(x) for x in args.sizes.split(",") if x]
