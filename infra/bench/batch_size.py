@@ -105,8 +105,7 @@ def main() -> int:
     )
     for label in runs:
         line = "  ".join(
-            f"{v} " + ", ".join(f"{r['cpu_s'] * 1000 / r['records_total']:.2f}" for r in rs)
-            for v, rs in runs[label].items()
+            f"{v} " + ", ".join(_cpu_per_record(r) for r in rs) for v, rs in runs[label].items()
         )
         print(f"  {label:>12} per batch: {line}")
     if "B3" in variants:
@@ -120,6 +119,13 @@ def main() -> int:
             )
     print(f"batch-size: wrote {s.dir / 'result.json'}")
     return 0
+
+
+def _cpu_per_record(run: dict[str, Any]) -> str:
+    """A run's CPU per record read, in ms ("-" for B0k, the plain consumer, which runs no job)."""
+    if "cpu_s" not in run or not run["records_total"]:
+        return "-"
+    return f"{run['cpu_s'] * 1000 / run['records_total']:.2f}"
 
 
 if __name__ == "__main__":
