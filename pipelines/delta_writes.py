@@ -144,6 +144,28 @@ def table_version(spark: SparkSession, path: str) -> int:
     return int(log.unsafeVolatileSnapshot().version())
 
 
+JOB_DESCRIPTION = "spark.job.description"
+
+
+def described(spark: SparkSession, name: str, write: Callable[[], object]) -> Callable[[], None]:
+    """``write`` with the Spark jobs it starts described as ``adattr <name>`` (the description
+    Spark's UI and event log show, and Delta puts before its own jobs' descriptions), the
+    thread's previous description back after it. Without it the jobs of the sink's write
+    threads have none (a thread does not inherit the batch thread's), and a profile cannot
+    tell one table's write from another's."""
+    sc = spark.sparkContext
+
+    def run() -> None:
+        before = sc.getLocalProperty(JOB_DESCRIPTION)
+        sc.setJobDescription(f"adattr {name}")
+        try:
+            write()
+        finally:
+            sc.setLocalProperty(JOB_DESCRIPTION, before)  # type: ignore[arg-type]
+
+    return run
+
+
 def run_concurrently(writes: Sequence[Callable[[], object]], *, together: bool) -> None:
     """Runs independent writes at once (Spark's scheduler is thread-safe, and a Delta commit's
     fixed cost is mostly waiting), or one by one; the first failure is raised. Writes at once

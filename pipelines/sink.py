@@ -43,7 +43,7 @@ from app.runtime.crash import crash_point, crash_when_file_appears
 from pipelines import tables as t
 from pipelines.click_state import ClickState
 from pipelines.compaction import Compactor
-from pipelines.delta_writes import Tables, run_concurrently
+from pipelines.delta_writes import Tables, described, run_concurrently
 from pipelines.dimension import DimSnapshots
 from pipelines.gold_writes import GoldUpdate
 from pipelines.high_water import HighWater, read_high_water
@@ -223,7 +223,7 @@ class AttributionSink:
         )
         run_concurrently(
             [
-                self.timer.timed(
+                self._timed(
                     w.name,
                     partial(
                         self.tables.insert_new, w.name, w.rows, w.condition, batch_id, fresh=w.fresh
@@ -263,7 +263,7 @@ class AttributionSink:
         gold: list[Callable[[], None]] = []
         if span is not None or gold_update.advanced:
             gold.append(
-                self.timer.timed(
+                self._timed(
                     "attributions+1m+ctr",
                     lambda: gold_update.run(rows if span is not None else None, span),
                 )
@@ -274,7 +274,7 @@ class AttributionSink:
         if carried or gold_update.advanced:
             accepted = rows.where(F.col("outcome") == ACCEPTED) if span is not None else None
             gold.append(
-                self.timer.timed(
+                self._timed(
                     t.SESSIONS,
                     partial(
                         self.sessions,
@@ -290,7 +290,7 @@ class AttributionSink:
             )
         if hw.silver_exclusive:  # last: Spark runs the jobs submitted first first
             gold.append(
-                self.timer.timed(
+                self._timed(
                     "latest_clicks",
                     partial(self.clicks.fold, batch_id, meta=meta, start=clicks_start),
                 )
@@ -328,6 +328,10 @@ class AttributionSink:
         )
         self.timer.mark("ledger")
         crash_point(self.ctx.crash_at, "after_ledger_before_commit_log")
+
+    def _timed(self, name: str, write: Callable[[], object]) -> Callable[[], None]:
+        """``write``, timed as ``name`` and its Spark jobs described by it."""
+        return self.timer.timed(name, described(self.spark, name, write))
 
     def _guard(self) -> None:
         if self.ctx.guard is not None:

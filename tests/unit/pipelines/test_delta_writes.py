@@ -5,18 +5,27 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
 from pipelines.carried_state import CarriedState
 from pipelines.click_state import SCHEMA, CarriedClicks, ClickState
-from pipelines.delta_writes import COMMIT_NOTE, Tables, table_version
+from pipelines.delta_writes import (
+    COMMIT_NOTE,
+    JOB_DESCRIPTION,
+    Tables,
+    described,
+    run_concurrently,
+    table_version,
+)
 from pipelines.gold_writes import GoldUpdate
 from pipelines.ledger import write_ledger
 from pipelines.offset_log import BatchMeta
@@ -649,3 +658,39 @@ def test_a_batch_of_none_finalises_the_three_gold_tables_at_once_each_commit_not
         final = {r.is_final: (r.generation, r.batch_id) for r in tables.load(name).collect()}
         assert final == {True: (3, 5), False: (1, 0)}, name
     assert all(s.conf.get(COMMIT_NOTE, None) is None for s in (spark, *sessions))
+
+
+def test_a_write_describes_its_spark_jobs_and_gives_the_thread_its_description_back(
+    spark: SparkSession,
+) -> None:
+    sc = spark.sparkContext
+    seen: dict[str, str | None] = {}
+
+    def write(name: str) -> Callable[[], None]:
+        def run() -> None:
+            seen[name] = sc.getLocalProperty(JOB_DESCRIPTION)
+            if name == "failing":
+                raise RuntimeError("the write failed")
+
+        return run
+
+    sc.setJobDescription("the stream's batch")
+    try:
+        # one by one on the batch thread, then at once in threads of their own, as the sink does
+        described(spark, "silver_ad_events", write("silver_ad_events"))()
+        assert sc.getLocalProperty(JOB_DESCRIPTION) == "the stream's batch"
+        run_concurrently(
+            [described(spark, name, write(name)) for name in ("bronze", "late")], together=True
+        )
+        failing = described(spark, "failing", write("failing"))
+        with pytest.raises(RuntimeError):
+            failing()
+        assert sc.getLocalProperty(JOB_DESCRIPTION) == "the stream's batch"
+    finally:
+        sc.setLocalProperty(JOB_DESCRIPTION, None)  # type: ignore[arg-type]
+    assert seen == {
+        "silver_ad_events": "adattr silver_ad_events",
+        "bronze": "adattr bronze",
+        "late": "adattr late",
+        "failing": "adattr failing",
+    }
