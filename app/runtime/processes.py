@@ -1,10 +1,11 @@
-"""What /proc says about a process: alive or not, its children, its command line. Runtime
+"""What /proc says about a process: alive or not, its children, its command line, its CPU. Runtime
 level: the job's lease (``pipelines.lease``) asks it as much as the local broker, the cluster
 and the drills do."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -30,15 +31,33 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid``."""
-    found = []
+def _stats() -> Iterator[tuple[int, list[str]]]:
+    """Every process's pid and the fields of its ``/proc/<pid>/stat`` after the command name."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             # pid (comm) state ppid ...: comm may hold spaces and parentheses.
             fields = stat.read_text().rpartition(")")[2].split()
         except OSError:  # the process ended meanwhile
             continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
+        yield int(stat.parent.name), fields
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    return [child for child, fields in _stats() if int(fields[1]) == pid]
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds (user + system) used so far by a process and its living descendants, with
+    the children each has already reaped."""
+    parent: dict[int, int] = {}
+    used: dict[int, int] = {}
+    for pid, fields in _stats():
+        parent[pid] = int(fields[1])
+        used[pid] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += used.get(pid, 0)
+        todo.extend(child for child, ppid in parent.items() if ppid == pid)
+    return total / os.sysconf("SC_CLK_TCK")

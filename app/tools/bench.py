@@ -93,32 +93,6 @@ def heap_after_gc(spark: Any) -> tuple[str, float] | None:
     return f"{name} #{info.getId()}", used / 2**20
 
 
-def tree_cpu_s(root: int | None = None) -> float:
-    """CPU seconds (user + system) used so far by a process and its living descendants, with
-    the children each has already reaped: the worker's Python, its Spark JVM and Spark's Python
-    workers, not the broker's (``/proc``; Linux only)."""
-    root = os.getpid() if root is None else root
-    tick = os.sysconf("SC_CLK_TCK")
-    parent: dict[int, int] = {}
-    used: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            # the fields after the command name, which may hold spaces and brackets
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # ended meanwhile
-        parent[int(entry.name)] = int(fields[1])
-        used[int(entry.name)] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        total += used.get(pid, 0)
-        todo.extend(child for child, ppid in parent.items() if ppid == pid)
-    return total / tick
-
-
 def _sustained(
     progress: list[dict[str, Any]], records: dict[int, int] | None = None
 ) -> dict[str, Any]:
@@ -215,7 +189,9 @@ def worker(variant: str, out: Path, dim: Path | None) -> None:
         from pipelines.dimension import upsert_dim_ads
 
         upsert_dim_ads(spark, settings.warehouse_uri, read_dim_csv(dim))
-    cpu_before = tree_cpu_s()
+    from app.runtime.processes import tree_cpu_seconds
+
+    cpu_before = tree_cpu_seconds(os.getpid())
     if variant == "B1":
         query = textbook_job(spark, settings)
     elif variant == "B0s":
@@ -237,7 +213,7 @@ def worker(variant: str, out: Path, dim: Path | None) -> None:
         "wall_s": time.monotonic() - started,
         # the query's whole run, its first batch included (the JVM's start and the dimension's
         # load before it are not)
-        "cpu_s": tree_cpu_s() - cpu_before,
+        "cpu_s": tree_cpu_seconds(os.getpid()) - cpu_before,
         "steps": steps,
         **_peak_jvm(spark),
     }
