@@ -26,6 +26,15 @@ def _version(spark: SparkSession, path: str) -> int:
     return int(last.version)
 
 
+def _created(spark: SparkSession, tmp_path: Path, key: str) -> tuple[str, dict[str, str | None]]:
+    """A warehouse with every table, and each table's value of one property."""
+    warehouse = str(tmp_path / "warehouse")
+    t.create_tables(spark, warehouse)
+    return warehouse, {
+        table.name: _properties(spark, f"{warehouse}/{table.name}").get(key) for table in t.TABLES
+    }
+
+
 def test_a_table_made_by_an_earlier_version_gets_the_properties_it_lacks(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -51,22 +60,17 @@ def test_a_table_made_by_an_earlier_version_gets_the_properties_it_lacks(
 def test_delta_compacts_every_table_but_those_the_job_compacts_itself(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    warehouse = str(tmp_path / "warehouse")
-    t.create_tables(spark, warehouse)
+    _, auto = _created(spark, tmp_path, "delta.autoOptimize.autoCompact")
     for table in t.TABLES:
-        auto = _properties(spark, f"{warehouse}/{table.name}").get("delta.autoOptimize.autoCompact")
-        assert auto == (None if table.name in t.RECORD_TABLES else "true"), table.name
+        assert auto[table.name] == (None if table.name in t.RECORD_TABLES else "true"), table.name
 
 
 def test_delta_keeps_statistics_only_on_the_columns_reads_filter_by(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    warehouse = str(tmp_path / "warehouse")
-    t.create_tables(spark, warehouse)
+    warehouse, stats_columns = _created(spark, tmp_path, "delta.dataSkippingStatsColumns")
     for table in t.TABLES:
-        named = _properties(spark, f"{warehouse}/{table.name}").get(
-            "delta.dataSkippingStatsColumns"
-        )
+        named = stats_columns[table.name]
         if table.name in (t.DIM_ADS, t.LEDGER):  # tiny: Delta's default
             assert named is None, table.name
             continue
@@ -95,6 +99,4 @@ def test_delta_keeps_statistics_only_on_the_columns_reads_filter_by(
         .collect()
     ]
     assert len(stats) == 1 and stats[0]["numRecords"] == 1
-    assert set(stats[0]["minValues"]) == set(
-        _properties(spark, path)["delta.dataSkippingStatsColumns"].split(",")
-    )
+    assert set(stats[0]["minValues"]) == set(str(stats_columns[t.SILVER]).split(","))
