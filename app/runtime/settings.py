@@ -154,7 +154,8 @@ class Settings:
             "doc": "extra options for every JVM adattr starts (the Spark driver and executors, "
             "Kafka nodes, the local cluster's daemons), space-separated; e.g. "
             "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m (C1 only: cheaper short "
-            "runs, slower long ones; the tests set it)"
+            "runs, slower long ones; the tests set it); the driver runs Parallel GC unless "
+            "these name a collector"
         },
     )
     verbose: bool = field(

@@ -78,7 +78,8 @@ def _peak_jvm(spark: Any) -> dict[str, float]:
 def heap_after_gc(spark: Any) -> tuple[str, float] | None:
     """The driver JVM's latest garbage collection (young or full) and the heap in use right
     after it, in MB (every heap pool, from the collectors' own record), or None before the
-    first. A young collection leaves the old generation's garbage for a later mixed one, so
+    first. A young collection leaves the old generation's garbage for a later old one (G1's
+    mixed, Parallel GC's full), so
     over a long run the least of these is nearest what the run keeps alive: a leak shows as
     its rise, the garbage a batch makes does not."""
     latest = None

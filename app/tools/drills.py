@@ -34,7 +34,7 @@ from confluent_kafka import KafkaException
 from app.runtime.errors import UserInputError
 from app.runtime.processes import children, cmdline
 from app.runtime.settings import REPO_ROOT, Settings
-from app.runtime.spark import UTC_JVM, spark_jars
+from app.runtime.spark import driver_base_options, spark_jars
 from app.stack.broker import BrokerError, LocalBroker, wait_until_ready
 from app.stack.cluster import NODES, WORKERS, LocalCluster
 
@@ -687,10 +687,11 @@ def describe_points() -> str:
 
 
 def submit_java_options(settings: Settings) -> list[str]:
-    """spark-submit's arguments that give the driver UTC (``UTC_JVM``) and ADATTR_JVM_OPTIONS,
-    and the executors ADATTR_JVM_OPTIONS."""
+    """spark-submit's arguments that give the driver the options ``adattr run`` gives it
+    (``driver_base_options``: UTC, its collector, ADATTR_JVM_OPTIONS) and the executors
+    ADATTR_JVM_OPTIONS."""
     options = settings.java_options
-    driver = ["--driver-java-options", " ".join((UTC_JVM, *options))]
+    driver = ["--driver-java-options", " ".join(driver_base_options(settings))]
     if not options:
         return driver
     return [*driver, "--conf", f"spark.executor.extraJavaOptions={' '.join(options)}"]

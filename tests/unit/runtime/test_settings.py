@@ -112,7 +112,8 @@ def test_driver_starts_from_the_class_archive_only_when_there_is_one(tmp_path: P
         (jars / name).write_bytes(b"")
     env = {"ADATTR_JARS_DIR": str(tmp_path)}
     s = Settings.from_env(env)
-    assert spark_conf(s)["spark.driver.extraJavaOptions"] == "-Duser.timezone=UTC"  # none made yet
+    none_yet = spark_conf(s)["spark.driver.extraJavaOptions"]
+    assert none_yet == "-Duser.timezone=UTC -XX:+UseParallelGC"  # no archive made yet
     archive = archive_path(s)
     assert archive is not None and archive.parent == tmp_path / "cds"
     archive.parent.mkdir()
@@ -152,7 +153,7 @@ def test_jvm_options_reach_every_jvm_adattr_starts(tmp_path: Path) -> None:
     assert s.java_options == ("-XX:TieredStopAtLevel=1", "-Xss2m")
     assert (
         spark_conf(s)["spark.driver.extraJavaOptions"]
-        == "-Duser.timezone=UTC -XX:TieredStopAtLevel=1 -Xss2m"
+        == "-Duser.timezone=UTC -XX:+UseParallelGC -XX:TieredStopAtLevel=1 -Xss2m"
     )
     node = LocalCluster.of(s).broker(1)
     command = node._java("kafka.Kafka", "server.properties")
@@ -160,13 +161,17 @@ def test_jvm_options_reach_every_jvm_adattr_starts(tmp_path: Path) -> None:
     assert LocalBroker(tmp_path, tmp_path)._java("kafka.Kafka")[1].startswith("-Xmx")  # none
     submit = submit_java_options(s)  # the same string as the local driver's
     driver = submit[submit.index("--driver-java-options") + 1]
-    assert driver == "-Duser.timezone=UTC -XX:TieredStopAtLevel=1 -Xss2m"
+    assert driver == "-Duser.timezone=UTC -XX:+UseParallelGC -XX:TieredStopAtLevel=1 -Xss2m"
     assert "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -Xss2m" in submit
     # The driver runs in UTC whatever else it is given (app/runtime/spark.py, UTC_JVM).
     assert submit_java_options(Settings.from_env({})) == [
         "--driver-java-options",
-        "-Duser.timezone=UTC",
+        "-Duser.timezone=UTC -XX:+UseParallelGC",
     ]
+    # Parallel GC unless the options choose a collector: then theirs alone, both ways.
+    g1 = Settings.from_env({"ADATTR_JARS_DIR": str(tmp_path), "ADATTR_JVM_OPTIONS": "-XX:+UseG1GC"})
+    assert spark_conf(g1)["spark.driver.extraJavaOptions"] == "-Duser.timezone=UTC -XX:+UseG1GC"
+    assert submit_java_options(g1)[1] == "-Duser.timezone=UTC -XX:+UseG1GC"
 
 
 def test_a_driver_jvm_outside_utc_is_told_what_it_costs() -> None:

@@ -60,7 +60,8 @@ def test_the_heap_after_the_latest_collection_is_read_from_the_driver_jvm(
     full = heap_after_gc(spark)
     assert full is not None
     name, mb = full
-    assert name.startswith("G1 Old Generation #"), name
+    # The old generation's collector of the driver's default, Parallel GC (app/runtime/spark.py).
+    assert name.startswith("PS MarkSweep #"), name
     # What survived a full collection: the session's own objects at least, within the heap.
     assert 0 < mb < jvm.java.lang.Runtime.getRuntime().maxMemory() / 2**20
     jvm.java.lang.System.gc()
