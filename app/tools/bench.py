@@ -79,9 +79,8 @@ def heap_after_gc(spark: Any) -> tuple[str, float] | None:
     """The driver JVM's latest garbage collection (young or full) and the heap in use right
     after it, in MB (every heap pool, from the collectors' own record), or None before the
     first. A young collection leaves the old generation's garbage for a later old one (G1's
-    mixed, Parallel GC's full), so
-    over a long run the least of these is nearest what the run keeps alive: a leak shows as
-    its rise, the garbage a batch makes does not."""
+    mixed, Parallel GC's full), so over a long run the least of these is nearest what the run
+    keeps alive: a leak shows as its rise, the garbage a batch makes does not."""
     latest = None
     for bean in spark._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans():
         info = bean.getLastGcInfo()
