@@ -20,5 +20,7 @@ else
   echo "setup: .venv up to date"
 fi
 bash infra/fetch-jars.sh .venv/bin/python
+# adattr's own JVM classes (Hadoop's local file system through java.nio), into the Spark jars.
+bash infra/jvm/build.sh .venv/bin/python
 # The driver JVM's class-data archive (made once per JDK and jar set; see app/runtime/jvm_archive.py).
 .venv/bin/python -m app.runtime.jvm_archive

@@ -141,6 +141,14 @@ class Settings:
         default=50,
         metadata={"doc": "the files a table gathers before its small ones are compacted"},
     )
+    local_file_system: bool = field(
+        default=True,
+        metadata={
+            "doc": "on a local master, Hadoop's local file system answering through java.nio "
+            "what it otherwise answers by starting a readlink or chmod process (~200 per "
+            "micro-batch without Hadoop's native library); off: Hadoop's own"
+        },
+    )
     jvm_class_archive: bool = field(
         default=True,
         metadata={

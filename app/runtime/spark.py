@@ -50,10 +50,10 @@ def spark_jars(jars_dir: Path) -> list[str]:
     spark_dir = jars_dir / "spark"
     jars = sorted(str(p) for p in spark_dir.glob("*.jar"))
     names = " ".join(Path(j).name for j in jars)
-    if "spark-sql-kafka" not in names or "delta-spark" not in names:
+    if any(n not in names for n in ("spark-sql-kafka", "delta-spark", LOCAL_FILE_SYSTEM_JAR)):
         raise MissingJarsError(
-            f"the Kafka connector and Delta jars are not in {spark_dir}; "
-            "run `bash infra/setup.sh` (or infra/fetch-jars.sh) first"
+            f"the Kafka connector, Delta or adattr's own jar ({LOCAL_FILE_SYSTEM_JAR}) is not "
+            f"in {spark_dir}; run `bash infra/setup.sh` first"
         )
     return jars
 
@@ -136,6 +136,21 @@ def time_zone_warning(default_zone: str, user_timezone: str | None) -> str | Non
 
 # The largest file Delta's auto compaction writes (see spark_conf).
 AUTO_COMPACT_FILE_BYTES = 8 * 1024 * 1024
+# Hadoop's local file system, answering through java.nio what it otherwise answers by starting
+# a readlink or chmod process (without Hadoop's native library, which no Maven artifact ships):
+# ~200 processes per micro-batch, every Delta commit and file the job writes
+# (infra/jvm/src/adattr/hadoop, built by infra/setup.sh into the Spark jars).
+LOCAL_FILE_SYSTEM_JAR = "adattr-hadoop-local.jar"
+
+
+def local_file_system(jars_dir: Path) -> dict[str, str]:
+    """The session confs that give a local-mode JVM that file system: its jar on the JVM's own
+    class path (spark-submit's set-up reads files before ``spark.jars`` are loaded)."""
+    return {
+        "spark.driver.extraClassPath": str(jars_dir / "spark" / LOCAL_FILE_SYSTEM_JAR),
+        "spark.hadoop.fs.file.impl": "adattr.hadoop.NioLocalFileSystem",
+        "spark.hadoop.fs.AbstractFileSystem.file.impl": "adattr.hadoop.NioLocalFs",
+    }
 
 
 def spark_conf(settings: Settings, *, submitted: bool = False) -> dict[str, str]:
@@ -187,6 +202,10 @@ def spark_conf(settings: Settings, *, submitted: bool = False) -> dict[str, str]
         conf["spark.sql.codegen.wholeStage"] = "false"
         conf["spark.sql.codegen.factoryMode"] = "NO_CODEGEN"
     if not submitted:
+        if settings.local_file_system and settings.spark_master.startswith("local"):
+            # One JVM that loads the jar before any file is touched; a cluster's executors
+            # keep Hadoop's own (not measured there).
+            conf.update(local_file_system(settings.jars_dir))
         conf["spark.master"] = settings.spark_master
         conf["spark.driver.memory"] = settings.spark_driver_memory
         conf["spark.jars"] = ",".join(spark_jars(settings.jars_dir))

@@ -5,7 +5,28 @@ from pathlib import Path
 import pytest
 
 from app.runtime.settings import Settings, SettingsError
-from app.runtime.spark import STATE_STORE_PROVIDERS, MissingJarsError, archive_path, spark_conf
+from app.runtime.spark import (
+    LOCAL_FILE_SYSTEM_JAR,
+    STATE_STORE_PROVIDERS,
+    MissingJarsError,
+    archive_path,
+    spark_conf,
+)
+
+SPARK_JARS = (
+    "spark-sql-kafka-0-10_2.13-4.2.0.jar",
+    "delta-spark_4.2_2.13-4.4.0.jar",
+    LOCAL_FILE_SYSTEM_JAR,
+)
+
+
+def _spark_jars(jars_dir: Path) -> Path:
+    """Empty files named like the jars set-up puts in ``jars_dir``/spark."""
+    spark = jars_dir / "spark"
+    spark.mkdir(exist_ok=True)
+    for name in SPARK_JARS:
+        (spark / name).write_bytes(b"")
+    return spark
 
 
 def test_defaults_are_loopback_and_local() -> None:
@@ -69,15 +90,12 @@ def test_bad_settings_name_the_variable(env: dict[str, str], named: str) -> None
 
 
 def test_spark_conf_local_and_submitted(tmp_path: Path) -> None:
-    jars = tmp_path / "spark"
-    jars.mkdir()
-    for name in ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "delta-spark_4.2_2.13-4.4.0.jar"):
-        (jars / name).write_bytes(b"")
+    jars = _spark_jars(tmp_path)
     env = {"ADATTR_JARS_DIR": str(tmp_path), "ADATTR_STATE_STORE": "hdfs"}
     s = Settings.from_env(env)
     local = spark_conf(s)
     assert local["spark.master"] == "local[*]"
-    assert local["spark.jars"].count(".jar") == 2
+    assert local["spark.jars"].count(".jar") == 3
     assert local["spark.sql.streaming.stateStore.providerClass"] == STATE_STORE_PROVIDERS["hdfs"]
     assert local["spark.sql.session.timeZone"] == "UTC"
     submitted = spark_conf(s, submitted=True)
@@ -103,13 +121,22 @@ def test_spark_conf_local_and_submitted(tmp_path: Path) -> None:
     # ... or none, whatever the tables' property.
     piled = spark_conf(Settings.from_env({**env, "ADATTR_COMPACTION": "off"}))
     assert piled["spark.databricks.delta.autoCompact.enabled"] == "false"
+    # A local JVM gets the java.nio local file system, its jar on the JVM's own class path ...
+    assert local["spark.hadoop.fs.file.impl"] == "adattr.hadoop.NioLocalFileSystem"
+    assert local["spark.hadoop.fs.AbstractFileSystem.file.impl"] == "adattr.hadoop.NioLocalFs"
+    assert local["spark.driver.extraClassPath"] == str(jars / LOCAL_FILE_SYSTEM_JAR)
+    # ... not under spark-submit or a cluster's master (executors elsewhere), not when off.
+    for other in (
+        submitted,
+        spark_conf(Settings.from_env({**env, "ADATTR_SPARK_MASTER": "spark://h:7077"})),
+        spark_conf(Settings.from_env({**env, "ADATTR_LOCAL_FILE_SYSTEM": "false"})),
+    ):
+        assert not any(k.startswith("spark.hadoop.fs.") for k in other)
+        assert "spark.driver.extraClassPath" not in other
 
 
 def test_driver_starts_from_the_class_archive_only_when_there_is_one(tmp_path: Path) -> None:
-    jars = tmp_path / "spark"
-    jars.mkdir()
-    for name in ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "delta-spark_4.2_2.13-4.4.0.jar"):
-        (jars / name).write_bytes(b"")
+    jars = _spark_jars(tmp_path)
     env = {"ADATTR_JARS_DIR": str(tmp_path)}
     s = Settings.from_env(env)
     none_yet = spark_conf(s)["spark.driver.extraJavaOptions"]
@@ -144,9 +171,7 @@ def test_jvm_options_reach_every_jvm_adattr_starts(tmp_path: Path) -> None:
     kafka = tmp_path / "kafka"
     kafka.mkdir()
     (kafka / "kafka_2.13-4.2.0.jar").write_bytes(b"")
-    for name in ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "delta-spark_4.2_2.13-4.4.0.jar"):
-        (tmp_path / "spark").mkdir(exist_ok=True)
-        (tmp_path / "spark" / name).write_bytes(b"")
+    _spark_jars(tmp_path)
     s = Settings.from_env(
         {"ADATTR_JARS_DIR": str(tmp_path), "ADATTR_JVM_OPTIONS": " -XX:TieredStopAtLevel=1  -Xss2m"}
     )
