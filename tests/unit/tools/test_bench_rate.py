@@ -1,10 +1,12 @@
-"""The bench's sustained rate (`adattr bench`): which batches it counts."""
+"""The bench's sustained rate (`adattr bench`): which batches it counts, and in what order the
+variants run."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
-from app.tools.bench import sustained_rate
+from app.tools.bench import VARIANTS, run_order, sustained_rate
 
 
 def _progress(*batches: tuple[int, int]) -> list[dict[str, Any]]:
@@ -44,3 +46,16 @@ def test_the_sinks_own_counts_replace_sparks_double_count() -> None:
     got = sustained_rate(progress, {0: 1000, 1: 1000, 2: 200})
     assert (got["records_total"], got["records_measured"]) == (2200, 1000)
     assert got["tail_records_excluded"] == 200
+
+
+def test_no_variant_runs_twice_in_a_row_and_b3_runs_right_after_b2() -> None:
+    reps = 7
+    runs = [v for rep in range(reps) for v in run_order(VARIANTS, rep)]
+    assert runs[:5] == list(VARIANTS)  # the first repeat in the order the table shows
+    assert all(a != b for a, b in itertools.pairwise(runs)), runs
+    for rep in range(reps):
+        order = run_order(VARIANTS, rep)
+        assert sorted(order) == sorted(VARIANTS)
+        if rep < 4:
+            assert order.index("B3") == order.index("B2") + 1, order
+    assert run_order(("B3", "B1"), 1) == ["B1", "B3"]
