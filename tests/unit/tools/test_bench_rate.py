@@ -18,7 +18,7 @@ def _progress(*batches: tuple[int, int]) -> list[dict[str, Any]]:
 
 
 def test_the_first_batch_and_the_topics_small_tail_are_left_out() -> None:
-    # warm-up, three full batches, a batch of none, then the 200 records the topic had left
+    # warm-up, three full batches (a batch of none among them), then the 200 records left
     got = sustained_rate(
         _progress((1000, 9000), (1000, 2000), (1000, 2000), (0, 500), (1000, 1000), (200, 1500))
     )
