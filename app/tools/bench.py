@@ -39,10 +39,12 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 if TYPE_CHECKING:
     from pipelines.report import BatchReport
+
+_T = TypeVar("_T")
 
 VARIANTS = ("B0s", "B0k", "B1", "B2", "B3")
 # The soak's slices: cost per 5 minutes of a run (a shorter run: a sixth of it).
@@ -965,7 +967,7 @@ def alternating_runs(
     return results
 
 
-def run_order(variants: tuple[str, ...], rep: int) -> list[str]:
+def run_order(variants: tuple[_T, ...], rep: int) -> list[_T]:
     """The order of the variants in repeat ``rep`` (from 0): rotated by one each repeat, so no
     variant runs twice in a row (reversing put the last variant's runs back to back at every
     turn, where one slow spell of the machine hit both), and B3 runs right after B2 (B3/B2 is

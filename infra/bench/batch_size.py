@@ -28,7 +28,14 @@ import sys
 from typing import Any
 
 from app.runtime.settings import Settings
-from app.tools.bench import VARIANTS, alternating_runs, bench_stack, phase_medians, preload
+from app.tools.bench import (
+    VARIANTS,
+    alternating_runs,
+    bench_stack,
+    phase_medians,
+    preload,
+    run_order,
+)
 
 
 def main() -> int:
@@ -68,9 +75,9 @@ def main() -> int:
         if args.jvm_options:
             print(f'batch-size: "jvm" runs: ADATTR_JVM_OPTIONS={args.jvm_options}', flush=True)
         dim_csv = preload(s, args.events, sizes[0])
-        order, names = list(settings), list(variants)
+        step = 0  # one per (round, size): the variants rotate by one each step
         for r in range(args.rounds):
-            for label, n, jvm in order:
+            for label, n, jvm in run_order(tuple(settings), r):
                 s.overrides["ADATTR_MAX_OFFSETS_PER_TRIGGER"] = str(n)
                 if jvm is not None:
                     s.overrides["ADATTR_JVM_OPTIONS"] = jvm
@@ -80,11 +87,11 @@ def main() -> int:
                     s.overrides["ADATTR_JVM_OPTIONS"] = default_jvm
                 print(f"batch-size: round {r + 1}, {label} records per batch", flush=True)
                 tag = f"r{r + 1}-{n}-" + ("jvm-" if jvm else "")
-                got = alternating_runs(s, dim_csv, 1, tuple(names), tag=tag)
+                names = tuple(run_order(tuple(variants), step))
+                step += 1
+                got = alternating_runs(s, dim_csv, 1, names, tag=tag)
                 for v in variants:
                     runs[label][v].extend(got[v])
-                names.reverse()
-            order.reverse()
     finally:
         s.down()
     (s.dir / "result.json").write_text(json.dumps(runs, indent=1))

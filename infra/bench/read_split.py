@@ -35,7 +35,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from app.runtime.settings import Settings
-from app.tools.bench import textbook_read
+from app.tools.bench import run_order, textbook_read
 from app.tools.drills import Stack, chunks_of
 from app.tools.generator import GenConfig, plan_traffic
 from pipelines import job
@@ -144,13 +144,11 @@ def main() -> int:
         spark = build_spark(s.settings, "adattr-bench-read-split")
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
         took: dict[str, list[float]] = {v: [] for v in variants}
-        order = list(variants)
         for r in range(args.rounds):
-            for v in order:
+            for v in run_order(tuple(variants), r):
                 batches = run(spark, s, v, f"{v}-{r}")
                 took[v].extend(batches)
                 print(f"  round {r + 1} {v}: {[round(x, 2) for x in batches]}", flush=True)
-            order.reverse()
         print(f"seconds per {args.batch:,}-record batch, median (range), batches 2..n:")
         for v in variants:
             xs = took[v]
