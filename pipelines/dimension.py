@@ -93,9 +93,14 @@ class DimSnapshots:
         self._history: list[tuple[int, int]] = []
         self._frames: OrderedDict[int, DataFrame] = OrderedDict()  # oldest first
 
+    def require(self) -> None:
+        """Raises ``DimensionMissingError`` (saying how to load it) when dim_ads does not
+        exist."""
+        _require(self.spark, self.path)
+
     def at(self, as_of_ms: int) -> tuple[DataFrame, int]:
         if self._latest < 0:
-            _require(self.spark, self.path)
+            self.require()
         latest = int(latest_snapshot(self.spark, self.path).version())
         if latest != self._latest:
             self._history, self._latest = _history(self.spark, self.path), latest

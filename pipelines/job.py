@@ -22,6 +22,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from app.runtime.kafka_io import KafkaConnection, app_topics, ensure_topics
 from app.runtime.settings import Settings
-from pipelines.dimension import dim_snapshot
+from pipelines.dimension import DimSnapshots
+from pipelines.high_water import read_high_water
 from pipelines.lease import Lease, LeaseHeldError, LeaseLost
 from pipelines.metrics import JobMetrics
 from pipelines.publish import PlainPublisher, Publisher, TransactionalPublisher
@@ -189,24 +191,35 @@ def start(
     """Starts the query; ``guard`` (the lease's check) runs before each batch writes anything
     and again before its Kafka transaction, and raises to stop the job."""
     warehouse = settings.warehouse_uri
-    dim_snapshot(spark, warehouse, int(time.time() * 1000))  # fail early if dim_ads is missing
+    dims = DimSnapshots(spark, warehouse)
+    dims.require()  # fail early if dim_ads is missing
     create_tables(spark, warehouse)
     gen = current_generation(settings.checkpoints)
     kafka = KafkaConnection.of(settings)
-    ensure_topics(kafka, app_topics(settings))
     exactly_once = settings.delivery == "exactly-once"
-    publisher: Publisher = (
-        TransactionalPublisher(
-            kafka,
-            output_topic=settings.output_topic,
-            control_topic=settings.control_topic,
-            transactional_id=settings.publisher_transactional_id,
-            app_id=gen.app_id,
-            generation=gen.number,
+    # While the producer starts (mostly waiting on the broker), what the run's first batch
+    # read before: the tables' high-water marks (nothing of this run is written before its
+    # first batch, so they are the same now), and the dimension version in force now, cached
+    # (a batch uses it unless dim_ads has a newer version by the batch's timestamp, or the
+    # batch's is older, a re-execution's: then ``at`` reads the version in force then).
+    with ThreadPoolExecutor(2, thread_name_prefix="adattr-start") as pool:
+        warmed = pool.submit(dims.at, int(time.time() * 1000))
+        marks = pool.submit(read_high_water, spark, warehouse, gen.app_id, gen.number)
+        ensure_topics(kafka, app_topics(settings))
+        publisher: Publisher = (
+            TransactionalPublisher(
+                kafka,
+                output_topic=settings.output_topic,
+                control_topic=settings.control_topic,
+                transactional_id=settings.publisher_transactional_id,
+                app_id=gen.app_id,
+                generation=gen.number,
+            )
+            if exactly_once
+            else PlainPublisher(kafka, output_topic=settings.output_topic)
         )
-        if exactly_once
-        else PlainPublisher(kafka, output_topic=settings.output_topic)
-    )
+        warmed.result()
+        high_water = marks.result()
     observers = [o for o in (observer, metrics.batch_done if metrics else None) if o is not None]
     if metrics is not None:
         metrics.watch(publisher)
@@ -231,6 +244,8 @@ def start(
             guard=guard,
             compact_files=settings.compact_files if settings.compaction == "job" else 0,
         ),
+        dims=dims,
+        high_water=high_water,
     )
     writer = (
         attribution_stream(read_events(spark, settings, gen.starting_offsets), settings)

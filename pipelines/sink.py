@@ -94,7 +94,14 @@ class SinkContext:
 class AttributionSink:
     """``foreachBatch`` handler: ``(batch_df, batch_id) -> None``."""
 
-    def __init__(self, spark: SparkSession, ctx: SinkContext) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        ctx: SinkContext,
+        *,
+        dims: DimSnapshots | None = None,
+        high_water: HighWater | None = None,
+    ) -> None:
         self.spark = spark
         self.ctx = ctx
         self.tables = Tables(
@@ -104,8 +111,14 @@ class AttributionSink:
         self.last_counts = ""
         self.kafka_outcome = ""
         self.decisions = PriorDecisions(self.tables, ctx.checkpoint)
-        self.dims = DimSnapshots(spark, ctx.warehouse)
-        self.high_water: HighWater | None = None
+        # The dimension's snapshots (the job's start may have read the version in force).
+        self.dims = dims if dims is not None else DimSnapshots(spark, ctx.warehouse)
+        # What the tables held when this run started (pipelines/high_water.py): read by the
+        # job's start, or else by the run's first batch, before anything of the run is written.
+        self.high_water = high_water
+        if high_water is not None:
+            log.info("high water at the start of this run: %s", high_water)
+        self.first_of_run = True
         # Closed sessions are computed and written beside the attribution chain, in a session
         # of their own: a MERGE takes its Delta txn ids from its session's confs.
         self.side = spark.newSession()
@@ -134,8 +147,8 @@ class AttributionSink:
         self.tables.versions = {}
         meta = read_batch_meta(self.ctx.checkpoint, batch_id)
         previous = read_batch_meta(self.ctx.checkpoint, batch_id - 1) if batch_id > 0 else None
-        first_of_run = self.high_water is None
-        if first_of_run:  # before the run writes anything
+        first_of_run, self.first_of_run = self.first_of_run, False
+        if self.high_water is None:  # before the run writes anything
             self.high_water = read_high_water(
                 self.spark, self.ctx.warehouse, self.ctx.app_id, self.ctx.generation
             )

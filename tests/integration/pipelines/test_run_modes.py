@@ -226,9 +226,16 @@ def _dimension_change(spark: SparkSession, settings: Settings, warehouse: str) -
 
     send(["a1", "a2"], 0)
     job.run(spark, settings, available_now=True)
-    upsert_dim_ads(spark, warehouse, [("ad-1", "cmp-2", "adv-1", Decimal("4"), Decimal("1"))])
-    send(["b1"], 1)
-    job.run(spark, settings, available_now=True)
+    # The job's start reads the version in force then (cmp-1) ahead of its first batch; a
+    # version committed after the start is the one a batch after it uses.
+    query = job.start(spark, settings, available_now=False)
+    try:
+        upsert_dim_ads(spark, warehouse, [("ad-1", "cmp-2", "adv-1", Decimal("4"), Decimal("1"))])
+        send(["b1"], 1)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert query.exception() is None
 
     silver = {
         r.event_id: r for r in spark.read.format("delta").load(f"{warehouse}/{t.SILVER}").collect()
