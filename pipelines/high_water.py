@@ -29,10 +29,9 @@ yet, and that is decidable once per run:
 - Closed sessions are written in the watermark interval ``(w_prev, w_cur]`` of their end: a
   batch appends when every session the table held at the start ended at or before ``w_prev``.
 
-The marks are read as the run starts (``pipelines.job.start``, before its query does; a sink
-made without them reads them in its first batch), so before anything of the run is written,
-under the checkpoint's run lock (``pipelines.job.exclusive``), so no other writer can add rows
-behind them.
+The marks are read as the run starts (``pipelines.job.start``, before its query does), so
+before anything of the run is written, under the checkpoint's run lock
+(``pipelines.job.exclusive``), so no other writer can add rows behind them.
 """
 
 from __future__ import annotations

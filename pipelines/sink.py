@@ -46,7 +46,7 @@ from pipelines.compaction import Compactor
 from pipelines.delta_writes import Tables, described, run_concurrently
 from pipelines.dimension import DimSnapshots
 from pipelines.gold_writes import GoldUpdate
-from pipelines.high_water import HighWater, read_high_water
+from pipelines.high_water import HighWater
 from pipelines.ledger import write_ledger
 from pipelines.offset_log import BatchMeta, read_batch_meta
 from pipelines.publish import Publisher
@@ -99,8 +99,8 @@ class AttributionSink:
         spark: SparkSession,
         ctx: SinkContext,
         *,
-        dims: DimSnapshots | None = None,
-        high_water: HighWater | None = None,
+        dims: DimSnapshots,
+        high_water: HighWater,
     ) -> None:
         self.spark = spark
         self.ctx = ctx
@@ -111,13 +111,12 @@ class AttributionSink:
         self.last_counts = ""
         self.kafka_outcome = ""
         self.decisions = PriorDecisions(self.tables, ctx.checkpoint)
-        # The dimension's snapshots (the job's start may have read the version in force).
-        self.dims = dims if dims is not None else DimSnapshots(spark, ctx.warehouse)
-        # What the tables held when this run started (pipelines/high_water.py): read by the
-        # job's start, or else by the run's first batch, before anything of the run is written.
+        # The dimension's snapshots, and what the tables held when this run started
+        # (pipelines/high_water.py): both read by the job's start, before anything of the run
+        # is written.
+        self.dims = dims
         self.high_water = high_water
-        if high_water is not None:
-            log.info("high water at the start of this run: %s", high_water)
+        log.info("high water at the start of this run: %s", high_water)
         self.first_of_run = True
         # Closed sessions are computed and written beside the attribution chain, in a session
         # of their own: a MERGE takes its Delta txn ids from its session's confs.
@@ -148,11 +147,6 @@ class AttributionSink:
         meta = read_batch_meta(self.ctx.checkpoint, batch_id)
         previous = read_batch_meta(self.ctx.checkpoint, batch_id - 1) if batch_id > 0 else None
         first_of_run, self.first_of_run = self.first_of_run, False
-        if self.high_water is None:  # before the run writes anything
-            self.high_water = read_high_water(
-                self.spark, self.ctx.warehouse, self.ctx.app_id, self.ctx.generation
-            )
-            log.info("high water at the start of this run: %s", self.high_water)
         dim, dim_version = self.dims.at(meta.timestamp_ms)
         self.timer.mark("dim")
 
@@ -166,7 +160,6 @@ class AttributionSink:
         prior = self.decisions.prior(batch_id)
         # Silver's event ids, where the dedup state may not know them all: offsets an earlier
         # generation read, or any batch while silver may hold events it never saw.
-        assert self.high_water is not None
         unseen = prior is not None or self.high_water.silver_unseen(meta.watermark_ms)
         classified = classify(
             records,
@@ -222,7 +215,6 @@ class AttributionSink:
         ranges, counts = ranges_and_counts(stats)
         crash_point(self.ctx.crash_at, "before_delta_commit")
         hw = self.high_water
-        assert hw is not None
         span = accepted_span(stats)
         # Bronze, quarantine, late and silver depend on nothing but the batch: written together.
         writes = record_writes(

@@ -75,9 +75,8 @@ def main() -> int:
         if args.jvm_options:
             print(f'batch-size: "jvm" runs: ADATTR_JVM_OPTIONS={args.jvm_options}', flush=True)
         dim_csv = preload(s, args.events, sizes[0])
-        step = 0  # one per (round, size): the variants rotate by one each step
         for r in range(args.rounds):
-            for label, n, jvm in run_order(tuple(settings), r):
+            for i, (label, n, jvm) in enumerate(run_order(tuple(settings), r)):
                 s.overrides["ADATTR_MAX_OFFSETS_PER_TRIGGER"] = str(n)
                 if jvm is not None:
                     s.overrides["ADATTR_JVM_OPTIONS"] = jvm
@@ -87,8 +86,8 @@ def main() -> int:
                     s.overrides["ADATTR_JVM_OPTIONS"] = default_jvm
                 print(f"batch-size: round {r + 1}, {label} records per batch", flush=True)
                 tag = f"r{r + 1}-{n}-" + ("jvm-" if jvm else "")
-                names = tuple(run_order(tuple(variants), step))
-                step += 1
+                # The variants rotate by one per (round, size).
+                names = tuple(run_order(tuple(variants), r * len(settings) + i))
                 got = alternating_runs(s, dim_csv, 1, names, tag=tag)
                 for v in variants:
                     runs[label][v].extend(got[v])
