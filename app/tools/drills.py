@@ -574,9 +574,7 @@ def drill_crash(
                 f"SIGKILL to the process tree; {state}, {committed - start[1]} by this run"
             )
         s.produce(chunks[-1] if len(chunks) > len(points) + kills else [])
-        s.drain(report)
-        s.produce(traffic.tail)
-        s.drain(report)
+        s.finish_running(s.start_job("run"), traffic.tail, report)
         report.say(f"finished: {s.runs} job runs in all")
         s.check(report)
     return report.finish()
@@ -594,9 +592,7 @@ def drill_replay(base: Settings, *, seed: int, events: int, full: bool) -> int:
         s.produce(traffic.main[:half])
         middle = time.time()
         s.produce(traffic.main[half:])
-        s.drain(report)
-        s.produce(traffic.tail)
-        s.drain(report)
+        s.finish_running(s.start_job("run"), traffic.tail, report)
         report.say(f"complete run: {s.progress()[1]} batches; hashing every table")
         if full:
             s.check(report)  # (the short drill checks once, at the end: same tables)
@@ -672,12 +668,10 @@ def drill_broker(base: Settings, *, seed: int, events: int, down_seconds: float)
                 report.say(f"the job rode it out: {s.progress()[1]} batches committed, still up")
             except TimeoutError as exc:
                 report.fail(f"the job neither failed nor made progress: {exc}")
-            s.stop_job(proc)
-        else:
+        if proc.poll() is not None:
             report.say(f"the job stopped ({proc.returncode}): {s.last_error()}; restarting")
-        s.drain(report)
-        s.produce(traffic.tail)
-        s.drain(report)
+            proc = s.start_job("run")
+        s.finish_running(proc, traffic.tail, report)
         s.check(report)
     return report.finish()
 
