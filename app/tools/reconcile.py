@@ -173,19 +173,20 @@ def table_diff(name: str, want: DataFrame, got: DataFrame) -> TableDiff:
             F.sum(F.greatest(-F.col("_net"), F.lit(0))).alias("unexpected"),
         ).first()
         assert totals is not None
+        rows, missing, unexpected = (int(x or 0) for x in totals)
+        # Up to two rows of each kind, read only when there are some.
         examples = [
-            f"{'missing' if r._net > 0 else 'unexpected'} {_values(r, columns)}"
-            for r in net.where("_net != 0").limit(4).collect()
+            f"{kind} {_values(r, columns)}"
+            for kind, n, which in (
+                ("missing", missing, "_net > 0"),
+                ("unexpected", unexpected, "_net < 0"),
+            )
+            if n
+            for r in net.where(which).limit(2).collect()
         ]
     finally:
         net.unpersist()
-    return TableDiff(
-        name,
-        int(totals.rows or 0),
-        int(totals.missing or 0),
-        int(totals.unexpected or 0),
-        examples,
-    )
+    return TableDiff(name, rows, missing, unexpected, examples)
 
 
 def _values(row: Row, columns: list[str]) -> dict[str, Any]:

@@ -23,3 +23,12 @@ def test_lost_copies_doubled_and_foreign_rows_count_and_null_equals_null(spark: 
     ]
     same = table_diff("t", want, want)
     assert (same.ok, same.rows, same.examples) == (True, 5, [])
+
+
+def test_examples_show_each_kind_of_difference_two_at_most(spark: Any) -> None:
+    schema = "ad_id string, clicks long"
+    want = spark.createDataFrame([("a", 1)], schema)
+    got = spark.createDataFrame([(x, 1) for x in "bcdef"], schema)
+    d = table_diff("t", want, got)
+    assert (d.rows, d.missing, d.unexpected) == (5, 1, 5)
+    assert sorted(e.split()[0] for e in d.examples) == ["missing", "unexpected", "unexpected"]
