@@ -12,9 +12,8 @@ within one batch is arbitrary in the stream, so silver is compared without Kafka
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from pyspark.sql import DataFrame, Row, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
@@ -176,7 +175,7 @@ def table_diff(name: str, want: DataFrame, got: DataFrame) -> TableDiff:
         rows, missing, unexpected = (int(x or 0) for x in totals)
         # Up to two rows of each kind, read only when there are some.
         examples = [
-            f"{kind} {_values(r, columns)}"
+            f"{kind} { {c: r[c] for c in columns} }"
             for kind, n, which in (
                 ("missing", missing, "_net > 0"),
                 ("unexpected", unexpected, "_net < 0"),
@@ -187,7 +186,3 @@ def table_diff(name: str, want: DataFrame, got: DataFrame) -> TableDiff:
     finally:
         net.unpersist()
     return TableDiff(name, rows, missing, unexpected, examples)
-
-
-def _values(row: Row, columns: list[str]) -> dict[str, Any]:
-    return {k: v for k, v in row.asDict().items() if k in columns}
