@@ -770,9 +770,8 @@ def bench_stack(base: Any, name: str, *, events: int, batch: int) -> Any:
     from app.tools.drills import Stack
 
     s = Stack(base, name, events=events, seed=3, batch=batch, root="bench")
-    s.overrides["ADATTR_TRIGGER_INTERVAL"] = "1 second"
-    for key in ("WATERMARK_DELAY", "ATTRIBUTION_LOOKBACK", "SESSION_GAP", "SHUFFLE_PARTITIONS"):
-        s.overrides.pop(f"ADATTR_{key}", None)  # the shipped defaults
+    keys = ("WATERMARK_DELAY", "ATTRIBUTION_LOOKBACK", "SESSION_GAP", "SHUFFLE_PARTITIONS")
+    s.override({f"ADATTR_{key}": None for key in keys})  # the shipped defaults
     return s
 
 

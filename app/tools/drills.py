@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -126,9 +126,7 @@ class Stack:
             # The job's UI: its REST API says which executor runs tasks (the worker drill).
             self.ui_port = free_port()
             self.overrides["ADATTR_BOOTSTRAP_SERVERS"] = cluster.bootstrap
-        self.env = {**os.environ, **self.overrides}
-        self.env.pop("ADATTR_CRASH_AT", None)
-        self.settings = Settings.from_env(self.env)
+        self.override({})
         self.events, self.seed = events, seed
         self.broker: LocalBroker | None = None
         self.started_broker = False
@@ -139,6 +137,18 @@ class Stack:
         self.runs = 0
 
     # -- infrastructure ------------------------------------------------------------------------
+    def override(self, values: Mapping[str, str | None]) -> None:
+        """Set each ``ADATTR_`` key to its value, or with None back to the shipped default, for
+        the jobs this stack starts and for its own ``settings`` alike."""
+        for key, value in values.items():
+            if value is None:
+                self.overrides.pop(key, None)
+            else:
+                self.overrides[key] = value
+        self.env = {**os.environ, **self.overrides}
+        self.env.pop("ADATTR_CRASH_AT", None)
+        self.settings = Settings.from_env(self.env)
+
     def up(self) -> None:
         from app.runtime.kafka_io import KafkaConnection, app_topics, ensure_topics
         from app.stack.broker import local_broker, port_is_free

@@ -77,13 +77,12 @@ def main() -> int:
         dim_csv = preload(s, args.events, sizes[0])
         for r in range(args.rounds):
             for i, (label, n, jvm) in enumerate(run_order(tuple(settings), r)):
-                s.overrides["ADATTR_MAX_OFFSETS_PER_TRIGGER"] = str(n)
-                if jvm is not None:
-                    s.overrides["ADATTR_JVM_OPTIONS"] = jvm
-                elif default_jvm is None:
-                    s.overrides.pop("ADATTR_JVM_OPTIONS", None)
-                else:
-                    s.overrides["ADATTR_JVM_OPTIONS"] = default_jvm
+                s.override(
+                    {
+                        "ADATTR_MAX_OFFSETS_PER_TRIGGER": str(n),
+                        "ADATTR_JVM_OPTIONS": jvm if jvm is not None else default_jvm,
+                    }
+                )
                 print(f"batch-size: round {r + 1}, {label} records per batch", flush=True)
                 tag = f"r{r + 1}-{n}-" + ("jvm-" if jvm else "")
                 # The variants rotate by one per (round, size).

@@ -35,7 +35,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from app.runtime.settings import Settings
-from app.tools.bench import run_order, textbook_read
+from app.tools.bench import bench_stack, run_order, textbook_read
 from app.tools.drills import Stack, chunks_of
 from app.tools.generator import GenConfig, plan_traffic
 from pipelines import job
@@ -121,17 +121,7 @@ def main() -> int:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     from app.runtime.spark import build_spark
 
-    s = Stack(
-        Settings.from_env({}),
-        "read-split",
-        events=args.events,
-        seed=3,
-        batch=args.batch,
-        root="bench",
-    )
-    for key in ("WATERMARK_DELAY", "ATTRIBUTION_LOOKBACK", "SESSION_GAP", "SHUFFLE_PARTITIONS"):
-        s.env.pop(f"ADATTR_{key}", None)  # the shipped defaults, as the bench
-    s.settings = Settings.from_env(s.env)
+    s = bench_stack(Settings.from_env({}), "read-split", events=args.events, batch=args.batch)
     s.up()
     try:
         cfg = GenConfig(

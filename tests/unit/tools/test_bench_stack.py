@@ -1,0 +1,41 @@
+"""The bench's stack (`bench_stack`): the job as shipped where a drill's stack shrinks it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.runtime.settings import Settings
+from app.tools.bench import bench_stack
+from app.tools.drills import Stack
+
+SHAPED = ("watermark_delay", "attribution_lookback", "session_gap", "shuffle_partitions")
+
+
+def test_the_bench_and_its_own_settings_keep_the_shipped_defaults_a_drill_shrinks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in SHAPED:
+        monkeypatch.delenv(f"ADATTR_{name.upper()}", raising=False)
+    shipped = Settings.from_env({"ADATTR_DATA_DIR": str(tmp_path)})
+    drill = Stack(shipped, "drill", events=10, seed=1, batch=7)
+    bench = bench_stack(shipped, "bench", events=10, batch=7)
+    for name in SHAPED:
+        assert getattr(drill.settings, name) != getattr(shipped, name), name
+        # What the bench's own session runs with (its publish cost, a bench tool's Spark) is
+        # what the jobs it starts run with: nothing left of the drill's shape in either.
+        assert getattr(bench.settings, name) == getattr(shipped, name), name
+        assert f"ADATTR_{name.upper()}" not in {**bench.env, **bench.overrides}
+    assert bench.settings.max_offsets_per_trigger == 7
+    assert bench.settings.trigger_interval == "1 second"
+
+
+def test_an_override_reaches_the_jobs_env_and_the_stacks_settings(tmp_path: Path) -> None:
+    s = Stack(
+        Settings.from_env({"ADATTR_DATA_DIR": str(tmp_path)}), "drill", events=10, seed=1, batch=7
+    )
+    s.override({"ADATTR_MAX_OFFSETS_PER_TRIGGER": "500", "ADATTR_SESSION_GAP": None})
+    assert s.env["ADATTR_MAX_OFFSETS_PER_TRIGGER"] == "500"
+    assert s.settings.max_offsets_per_trigger == 500
+    assert "ADATTR_SESSION_GAP" not in s.overrides
