@@ -138,8 +138,9 @@ class Stack:
 
     # -- infrastructure ------------------------------------------------------------------------
     def override(self, values: Mapping[str, str | None]) -> None:
-        """Set each ``ADATTR_`` key to its value, or with None back to the shipped default, for
-        the jobs this stack starts and for its own ``settings`` alike."""
+        """Set each ``ADATTR_`` key to its value, or with None drop it (back to the caller's
+        environment, else the shipped default), for the jobs this stack starts and for its own
+        ``settings`` alike."""
         for key, value in values.items():
             if value is None:
                 self.overrides.pop(key, None)
