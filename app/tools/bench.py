@@ -753,7 +753,7 @@ def _run_env(s: Any, run: str, *, own_input: bool = False) -> dict[str, str]:
     """The environment of one measured run: its own tables, checkpoints and output topics, and
     (latency and fixed cost: they produce as they go) its own input topic, uncapped."""
     topic = s.settings.input_topic
-    env = {**os.environ, **s.overrides}
+    env = dict(s.env)  # the stack's: the caller's environment, its overrides, no crash point
     env["ADATTR_WAREHOUSE"] = str(s.dir / run / "warehouse")
     env["ADATTR_CHECKPOINTS"] = str(s.dir / run / "checkpoints")
     env["ADATTR_OUTPUT_TOPIC"] = f"{topic}-{run}-out"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from app.runtime.settings import Settings
-from app.tools.bench import bench_stack
+from app.tools.bench import _run_env, bench_stack
 from app.tools.drills import Stack
 
 SHAPED = ("watermark_delay", "attribution_lookback", "session_gap", "shuffle_partitions")
@@ -39,3 +39,17 @@ def test_an_override_reaches_the_jobs_env_and_the_stacks_settings(tmp_path: Path
     assert s.env["ADATTR_MAX_OFFSETS_PER_TRIGGER"] == "500"
     assert s.settings.max_offsets_per_trigger == 500
     assert "ADATTR_SESSION_GAP" not in s.overrides
+
+
+def test_a_measured_run_starts_from_the_stacks_env_and_never_inherits_a_crash_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ADATTR_CRASH_AT", "after_gold")  # left behind by a user's drill
+    s = bench_stack(
+        Settings.from_env({"ADATTR_DATA_DIR": str(tmp_path)}), "bench", events=10, batch=7
+    )
+    env = _run_env(s, "b3", own_input=True)
+    assert "ADATTR_CRASH_AT" not in env
+    assert env["ADATTR_MAX_OFFSETS_PER_TRIGGER"] == "0"  # its own input, uncapped
+    assert env["ADATTR_WAREHOUSE"] == str(s.dir / "b3" / "warehouse")
+    assert _run_env(s, "b3")["ADATTR_MAX_OFFSETS_PER_TRIGGER"] == "7"  # the stack's cap
