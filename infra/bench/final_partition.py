@@ -123,9 +123,12 @@ class Attributions:
         )
         self.merge_s.append(time.monotonic() - started)
         source.unpersist()
+        # The MERGE's own entry: auto compaction may have committed an OPTIMIZE after it.
         metrics = (
             DeltaTable.forPath(self.spark, self.path)
-            .history(1)
+            .history(3)
+            .where("operation = 'MERGE'")
+            .orderBy(F.col("version").desc())
             .select("operationMetrics.numTargetFilesRemoved")
             .first()
         )
