@@ -261,17 +261,21 @@ def start(
 
 
 def run(
-    spark: SparkSession,
+    spark: SparkSession | Callable[[], SparkSession],
     settings: Settings,
     *,
     available_now: bool,
     before_start: Callable[[], None] | None = None,
     metrics: JobMetrics | None = None,
-) -> None:
+) -> SparkSession:
     """Runs the job until the topic is drained (available-now) or until SIGTERM/SIGINT, which
-    stop it at a batch boundary. Raises JobFailedError if the query fails, JobRunningError if
-    another job holds the checkpoint."""
+    stop it at a batch boundary, and returns its session. Raises JobFailedError if the query
+    fails, JobRunningError if another job holds the checkpoint.
+
+    ``spark`` may be the function that builds the session: it is called once the checkpoint is
+    this job's, so a start that another job keeps out is refused in a second, without a JVM."""
     with exclusive(settings.checkpoints, settings.checkpoint_lease_seconds) as lease:
+        session = spark() if callable(spark) else spark
         if before_start is not None:  # e.g. a replay's new generation, made under the lock
             before_start()
         lost: list[LeaseLost] = []
@@ -284,11 +288,12 @@ def run(
                 raise
 
         try:
-            _run(spark, settings, available_now=available_now, metrics=metrics, guard=guard)
+            _run(session, settings, available_now=available_now, metrics=metrics, guard=guard)
         except Exception:
             if lost:  # the query failed because the lease is lost: say that, not Spark's dump
                 raise JobFailedError(str(lost[0])) from None
             raise
+    return session
 
 
 def _run(

@@ -24,10 +24,14 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
         metrics = JobMetrics()
         serve(metrics.registry, settings)
-    spark = build_spark(settings, "adattr-attribution")
     started = time.monotonic()
-    try:
-        job.run(spark, settings, available_now=args.available_now, metrics=metrics)
+    try:  # the session is built once the checkpoint is this job's: a refusal needs no JVM
+        spark = job.run(
+            lambda: build_spark(settings, "adattr-attribution"),
+            settings,
+            available_now=args.available_now,
+            metrics=metrics,
+        )
     except (DimensionMissingError, job.JobFailedError, job.JobRunningError, PublishError) as exc:
         print(f"adattr run: {exc}", file=sys.stderr)
         return 1

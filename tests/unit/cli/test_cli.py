@@ -56,3 +56,19 @@ def test_a_kafka_failure_is_one_clear_line(monkeypatch, capsys) -> None:  # type
 def test_a_bad_soak_is_refused_before_anything_starts(argv, says, capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["bench", *argv]) == 1
     assert says in capsys.readouterr().err
+
+
+def test_a_run_kept_out_by_another_job_is_refused_before_any_jvm(  # type: ignore[no-untyped-def]
+    monkeypatch, tmp_path, capsys
+) -> None:
+    import app.runtime.spark
+    from pipelines import job
+
+    built: list[str] = []
+    monkeypatch.setattr(app.runtime.spark, "build_spark", lambda s, name: built.append(name))
+    for key, value in {"CHECKPOINTS": "c", "WAREHOUSE": "w", "DATA_DIR": "d"}.items():
+        monkeypatch.setenv(f"ADATTR_{key}", str(tmp_path / value))
+    with job.exclusive(tmp_path / "c"):  # another job holds the checkpoint's run lock
+        assert main(["run", "--available-now"]) == 1
+    assert f"adattr run: the job is already running on {tmp_path / 'c'}" in capsys.readouterr().err
+    assert built == []  # refused in a second: no Spark session, so no JVM, was started
