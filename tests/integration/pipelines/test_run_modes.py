@@ -151,7 +151,7 @@ def test_a_job_on_another_machine_is_kept_out_by_the_lease(spark, settings: Sett
     ensure_topics(KafkaConnection.of(settings), app_topics(settings))
     upsert_dim_ads(spark, settings.warehouse_uri, traffic.dim_rows)
     produce(traffic.main, KafkaConnection.of(settings), settings.input_topic, progress=False)
-    env = settings_env(settings, max_offsets_per_trigger="300")
+    env = settings_env(settings, max_offsets_per_trigger="700")
     adattr = str(Path(sys.executable).with_name("adattr"))
 
     held = _foreign_lease(settings, 1, expires_in_s=600)
