@@ -6,9 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from app.cli.commands import Add, Subcommands
 from app.runtime.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
@@ -58,11 +62,19 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         why = f"replay --from-timestamp {args.from_timestamp}"
     else:
         chosen, why = None, "replay --from-earliest"
-    spark = build_spark(settings, "adattr-replay")
-    warehouse = settings.warehouse_uri
-    upto = r.ledger_read_upto(spark, warehouse, topic) if job.has_ledger(spark, warehouse) else {}
-    start = r.plan(topic=topic, partitions=partitions, chosen=chosen, read_upto=upto)
+    upto: dict[int, int] = {}  # per partition, the offsets some batch read
+    start: dict[int, int] = {}  # per partition, where the new generation starts
     made: list[job.Generation] = []
+
+    def session() -> SparkSession:
+        """Built under the checkpoint's lock: a refusal needs no JVM, and no job adds to the
+        ledger while the replay is planned from it."""
+        spark = build_spark(settings, "adattr-replay")
+        warehouse = settings.warehouse_uri
+        if job.has_ledger(spark, warehouse):
+            upto.update(r.ledger_read_upto(spark, warehouse, topic))
+        start.update(r.plan(topic=topic, partitions=partitions, chosen=chosen, read_upto=upto))
+        return spark
 
     def new_generation() -> None:
         old = job.current_generation(settings.checkpoints)
@@ -78,7 +90,9 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
 
     started = time.monotonic()
     try:
-        job.run(spark, settings, available_now=not args.keep_running, before_start=new_generation)
+        spark = job.run(
+            session, settings, available_now=not args.keep_running, before_start=new_generation
+        )
     except (DimensionMissingError, job.JobFailedError, job.JobRunningError, PublishError) as exc:
         print(f"adattr replay: {exc}", file=sys.stderr)
         return 1
