@@ -16,26 +16,25 @@ if TYPE_CHECKING:
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from app.runtime.metrics import serve
     from app.runtime.spark import build_spark
     from pipelines import job
     from pipelines.dimension import DimensionMissingError
+    from pipelines.metrics import JobMetrics
     from pipelines.publish import PublishError
 
-    metrics = None
-    if settings.metrics_port:
-        from app.runtime.metrics import serve
-        from pipelines.metrics import JobMetrics
+    metrics = JobMetrics() if settings.metrics_port else None
 
-        metrics = JobMetrics()
-        serve(metrics.registry, settings)
+    def session() -> SparkSession:
+        """What the job needs once the checkpoint is its own: its metrics endpoint and its
+        Spark session. A start that another job keeps out binds no port and starts no JVM."""
+        if metrics is not None:
+            serve(metrics.registry, settings)
+        return build_spark(settings, "adattr-attribution")
+
     started = time.monotonic()
-    try:  # the session is built once the checkpoint is this job's: a refusal needs no JVM
-        spark = job.run(
-            lambda: build_spark(settings, "adattr-attribution"),
-            settings,
-            available_now=args.available_now,
-            metrics=metrics,
-        )
+    try:
+        spark = job.run(session, settings, available_now=args.available_now, metrics=metrics)
     except (DimensionMissingError, job.JobFailedError, job.JobRunningError, PublishError) as exc:
         print(f"adattr run: {exc}", file=sys.stderr)
         return 1

@@ -91,10 +91,11 @@ def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Sett
         samples = _metrics_match_the_ledger(spark, settings, port)
         # A second job on the same checkpoint, from another process tree (its own session, as
         # from another shell or service), is refused before it writes anything: the lock is
-        # taken before the query, its tables, its producer or its first batch exist.
+        # taken before the query, its tables, its producer or its first batch exist, and
+        # before its metrics endpoint, so the first job's port does not hide the reason.
         second = subprocess.run(
             [str(Path(sys.executable).with_name("adattr")), "run", "--available-now"],
-            env={**env, "ADATTR_METRICS_PORT": "0"},
+            env=env,
             capture_output=True,
             text=True,
             timeout=300,

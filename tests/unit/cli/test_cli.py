@@ -62,18 +62,21 @@ def test_a_bad_soak_is_refused_before_anything_starts(argv, says, capsys) -> Non
 def test_a_job_kept_out_by_another_is_refused_before_any_jvm(  # type: ignore[no-untyped-def]
     argv, monkeypatch, tmp_path, capsys
 ) -> None:
+    import app.runtime.metrics
     import app.runtime.spark
     import app.tools.replay
     from pipelines import job
 
     built: list[str] = []
     monkeypatch.setattr(app.runtime.spark, "build_spark", lambda s, name: built.append(name))
+    monkeypatch.setattr(app.runtime.metrics, "serve", lambda r, s: built.append("metrics"))
     held = {0: app.tools.replay.Partition(low=0, high=10)}  # the topic, as a replay checks it
     monkeypatch.setattr(app.tools.replay, "describe_topic", lambda kafka, topic: held)
     for key, value in {"CHECKPOINTS": "c", "WAREHOUSE": "w", "DATA_DIR": "d"}.items():
         monkeypatch.setenv(f"ADATTR_{key}", str(tmp_path / value))
+    monkeypatch.setenv("ADATTR_METRICS_PORT", "9464")  # the job's port, taken by the holder
     with job.exclusive(tmp_path / "c"):  # another job holds the checkpoint's run lock
         assert main(argv) == 1
     err = capsys.readouterr().err
     assert f"adattr {argv[0]}: the job is already running on {tmp_path / 'c'}" in err
-    assert built == []  # refused in a second: no Spark session, so no JVM, was started
+    assert built == []  # refused in a second: no port bound, no Spark session (so no JVM)
