@@ -16,6 +16,10 @@ def cmd_drill(args: argparse.Namespace, settings: Settings) -> int:
         from app.tools.cluster_drills import drill_worker
 
         return drill_worker(settings, seed=args.seed, events=args.events)
+    if args.drill == "cluster":
+        from app.tools.cluster_drills import drill_cluster
+
+        return drill_cluster(settings, seed=args.seed, events=args.events)
     if args.drill == "broker" and args.cluster:
         from app.tools.cluster_drills import drill_broker_cluster
 
@@ -91,8 +95,13 @@ def add_commands(sub: Subcommands, add: Add) -> None:
         help="on the local cluster: SIGKILL a Spark worker and its executor mid-batch, "
         "start a replacement, finish",
     )
+    cluster_drill = drill_sub.add_parser(
+        "cluster",
+        help="on the local cluster, in one run: the worker drill's fault, then the broker "
+        "drill's (the Kafka node leading most input partitions), then finish",
+    )
     replay_drill = drill_sub.add_parser("replay", help="replays after a complete run")
-    for d in (crash, replay_drill, worker_drill):
+    for d in (crash, replay_drill, worker_drill, cluster_drill):
         d.add_argument("--seed", type=int, default=7)
         d.add_argument("--events", type=int, default=3000)
         d.set_defaults(handler=cmd_drill)

@@ -227,12 +227,14 @@ class Stack:
         self, slices: list[list[tuple[bytes, bytes]]], proc: subprocess.Popen[bytes], report: Report
     ) -> None:
         """Produces ``Traffic.live_slices`` to a running job, each once the job has planned a
-        batch that takes the one before, so no reading order makes any of them late; all at
-        once when the job is not running (the next run reads them in order) or has not taken
-        a slice in 300 s (a discrepancy)."""
+        batch that takes everything produced before it (the slice before, or for the first one
+        what came before the call: the first half, or an earlier call's share of the slices),
+        so no reading order makes any of them late; all at once when the job is not running
+        (the next run reads them in order) or has not taken a slice in 300 s (a
+        discrepancy)."""
         for i, chunk in enumerate(slices):
-            what = f"slice {i} of {len(slices)}"
-            running = i > 0 and proc.poll() is None
+            what = f"slice {i - 1} of {len(slices)}" if i else "what was produced before"
+            running = proc.poll() is None
             if running and not self._taken(proc, self.planned_to_end, what, report):
                 self.produce([r for rest in slices[i:] for r in rest])
                 return

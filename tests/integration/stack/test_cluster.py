@@ -2,7 +2,7 @@
 Spark standalone master with two one-core workers and three Kafka nodes (replication 3,
 min.insync.replicas 2), all real processes on loopback. The job runs in the short versions of
 the cluster drills as a user submits it (`spark-submit --master spark://...`, the code as
-`infra/package.sh`'s zip), loses a worker and its executor in the middle of a batch, or the
+`infra/package.sh`'s zip), loses a worker and its executor in the middle of a batch, then the
 Kafka node leading most of its input, carries on, and every table is then verified against the
 truth, audited and reconciled from bronze (the drill's own checks). `down` leaves no process."""
 
@@ -98,25 +98,25 @@ def test_every_topic_is_replicated_three_times(cluster_env: dict[str, str]) -> N
     assert next(iter(configs.values())).result()["min.insync.replicas"].value == "2"
 
 
-def test_worker_drill(cluster_env: dict[str, str]) -> None:
-    done = run_adattr(cluster_env, "drill", "worker", "--events", "600", timeout=1200)
-    out = drill_passed(done, "worker")
-    assert re.search(r"worker-\d \(pid \d+\) and executor \d+ .* SIGKILLed while running", out)
+def test_cluster_drill_loses_a_worker_then_a_kafka_node(cluster_env: dict[str, str]) -> None:
+    """`drill cluster`: the worker drill's fault and the broker drill's, one after the other in
+    one run of the job (`drill worker` and `drill broker --cluster` run one of the two)."""
+    done = run_adattr(cluster_env, "drill", "cluster", "--events", "600", timeout=1200)
+    out = drill_passed(done, "cluster")
+    worker = re.search(r"worker-\d \(pid \d+\) and executor \d+ .* SIGKILLed while running", out)
+    assert worker, out
     assert "no restart" in out and "the job has 2 cores again" in out
-    assert "the job carried on" in out
-    # The master ran every run of the job on its workers, with both cores.
+    assert "the job carried on:" in out
+    node = re.search(r"kafka node \d \(pid \d+\), leader of \d of 4 input partitions", out)
+    assert node, out
+    assert worker.start() < node.start(), "the worker first, then the Kafka node"
+    assert "the job carried on without a restart" in out
+    assert re.search(r"kafka node \d restarted", out)
+    # The master ran every run of the job on its workers, with both cores: one run, no restart.
     state = LocalCluster.of(Settings.from_env(cluster_env)).master_state()
     assert state is not None
-    apps = {(a["name"], a["cores"], a["state"]) for a in state["completedapps"]}
-    assert apps == {("adattr-attribution", 2, "FINISHED")}, apps
-
-
-def test_broker_drill_on_the_cluster(cluster_env: dict[str, str]) -> None:
-    done = run_adattr(cluster_env, "drill", "broker", "--cluster", "--events", "600", timeout=1200)
-    out = drill_passed(done, "broker --cluster")
-    assert re.search(r"kafka node \d \(pid \d+\), leader of \d of 4 input partitions", out)
-    assert "the job carried on without a restart" in out
-    assert "restarted" in out
+    apps = [(a["name"], a["cores"], a["state"]) for a in state["completedapps"]]
+    assert apps == [("adattr-attribution", 2, "FINISHED")], apps
     # The transaction state log the job's producer used is replicated three times, in sync
     # again after the node's return.
     assert _replicas(cluster_env, "__transaction_state")[0] == {3}

@@ -80,3 +80,24 @@ def test_a_job_kept_out_by_another_is_refused_before_any_jvm(  # type: ignore[no
     err = capsys.readouterr().err
     assert f"adattr {argv[0]}: the job is already running on {tmp_path / 'c'}" in err
     assert built == []  # refused in a second: no port bound, no Spark session (so no JVM)
+
+
+@pytest.mark.parametrize(
+    ("argv", "title", "faults"),
+    [
+        (["worker"], "worker", ("worker",)),
+        (["broker", "--cluster"], "broker --cluster", ("broker",)),
+        (["cluster"], "cluster", ("worker", "broker")),
+    ],
+)
+def test_each_cluster_drill_meets_its_faults(argv, title, faults, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import app.tools.cluster_drills
+
+    ran = []
+    monkeypatch.setattr(
+        app.tools.cluster_drills,
+        "drill_on_cluster",
+        lambda base, title, faults, **kw: ran.append((title, tuple(faults), kw)) or 0,
+    )
+    assert main(["drill", *argv, "--events", "600", "--seed", "3"]) == 0
+    assert ran == [(title, faults, {"seed": 3, "events": 600})]
