@@ -42,6 +42,7 @@ def cmd_drill(args: argparse.Namespace, settings: Settings) -> int:
             events=args.events,
             points=points,
             cluster=args.cluster,
+            replay=args.replay,
         )
     if args.drill == "replay":
         return drills.drill_replay(settings, seed=args.seed, events=args.events, full=args.full)
@@ -89,6 +90,12 @@ def add_commands(sub: Subcommands, add: Add) -> None:
         "--points",
         default="all",
         help="named crash points to hit first, comma-separated, 'all' (default) or ''",
+    )
+    crash.add_argument(
+        "--replay",
+        action="store_true",
+        help="then the replay drill's replay (partition 0 from its middle) on what the crashes "
+        "left: every table must be unchanged",
     )
     worker_drill = drill_sub.add_parser(
         "worker",

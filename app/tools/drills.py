@@ -525,7 +525,11 @@ def drill_crash(
     events: int,
     points: tuple[str, ...],
     cluster: bool = False,
+    replay: bool = False,
 ) -> int:
+    """The named crash points, then ``kills`` random SIGKILLs, then a running job takes the
+    rest; with ``replay``, the replay drill's replay follows on the tables the crashes left
+    (a replay of offsets that crashed runs read), and every table must be unchanged by it."""
     report = Report("crash --cluster" if cluster else "crash")
     rng = random.Random(seed)
     on = LocalCluster.of(base) if cluster else None
@@ -589,13 +593,13 @@ def drill_crash(
         s.produce(chunks[-1] if len(chunks) > len(points) + kills else [])
         s.finish_running(s.start_job("run"), traffic.tail, report)
         report.say(f"finished: {s.runs} job runs in all")
+        if replay:
+            replay_unchanged(s, report, replays_of(s))
         s.check(report)
     return report.finish()
 
 
 def drill_replay(base: Settings, *, seed: int, events: int, full: bool) -> int:
-    from app.tools.replay import describe_topic
-
     report = Report("replay")
     # Few, large batches: the replay is the drill, not the first run.
     with stack(base, "replay", events=events, seed=seed, batch=max(200, events // 2)) as s:
@@ -609,36 +613,50 @@ def drill_replay(base: Settings, *, seed: int, events: int, full: bool) -> int:
         report.say(f"complete run: {s.progress()[1]} batches; hashing every table")
         if full:
             s.check(report)  # (the short drill checks once, at the end: same tables)
-        before = s.fingerprint()
-        parts = describe_topic(s.kafka, s.settings.input_topic)
-        topic = s.settings.input_topic
-        mid = {p: (info.low + info.high) // 2 for p, info in parts.items()}
-        first = min(parts)
-        replays = [["--from-offsets", json.dumps({topic: {str(first): mid[first]}})]]
-        if full:
-            last = max(parts)
-            replays += [
-                ["--from-offsets", json.dumps({topic: {str(first): 0, str(last): mid[last] // 2}})],
-                ["--from-timestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(middle))],
-                ["--from-earliest"],
-            ]
-        for args in replays:
-            started = time.monotonic()
-            rc = s.run("replay", *args)
-            if rc != 0:
-                report.fail(f"`adattr replay {' '.join(args)}` exited {rc}: {s.last_error()}")
-                continue
-            after = s.fingerprint()
-            changed = [name for name in before if after[name] != before[name]]
-            if changed:
-                report.fail(f"replay {' '.join(args)} changed {', '.join(changed)}")
-            else:
-                report.say(
-                    f"replay {' '.join(args)}: {time.monotonic() - started:.0f}s, "
-                    f"every table unchanged ({len(before)} tables hashed)"
-                )
+        replay_unchanged(s, report, replays_of(s, full=full, middle=middle))
         s.check(report)
     return report.finish()
+
+
+def replays_of(s: Stack, *, full: bool = False, middle: float = 0.0) -> list[list[str]]:
+    """The replay drill's replays: partition 0 from its middle; ``full`` adds two partitions
+    from different offsets, ``--from-timestamp`` (``middle``, mid-traffic) and the earliest."""
+    from app.tools.replay import describe_topic
+
+    parts = describe_topic(s.kafka, s.settings.input_topic)
+    topic = s.settings.input_topic
+    mid = {p: (info.low + info.high) // 2 for p, info in parts.items()}
+    first = min(parts)
+    replays = [["--from-offsets", json.dumps({topic: {str(first): mid[first]}})]]
+    if full:
+        last = max(parts)
+        replays += [
+            ["--from-offsets", json.dumps({topic: {str(first): 0, str(last): mid[last] // 2}})],
+            ["--from-timestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(middle))],
+            ["--from-earliest"],
+        ]
+    return replays
+
+
+def replay_unchanged(s: Stack, report: Report, replays: list[list[str]]) -> None:
+    """Runs each ``adattr replay`` in turn on a stack whose job has taken all its traffic;
+    a hash of every table must be the same after each as before the first."""
+    before = s.fingerprint()
+    for args in replays:
+        started = time.monotonic()
+        rc = s.run("replay", *args)
+        if rc != 0:
+            report.fail(f"`adattr replay {' '.join(args)}` exited {rc}: {s.last_error()}")
+            continue
+        after = s.fingerprint()
+        changed = [name for name in before if after[name] != before[name]]
+        if changed:
+            report.fail(f"replay {' '.join(args)} changed {', '.join(changed)}")
+        else:
+            report.say(
+                f"replay {' '.join(args)}: {time.monotonic() - started:.0f}s, "
+                f"every table unchanged ({len(before)} tables hashed)"
+            )
 
 
 def drill_broker(base: Settings, *, seed: int, events: int, down_seconds: float) -> int:

@@ -1,15 +1,18 @@
-"""The short versions of the drills, as a user runs them: `adattr drill crash|replay|broker`.
+"""The short versions of the drills, as a user runs them: `adattr drill crash --replay|broker`.
 
 Each drill generates its own traffic and truth, hurts the job, then verifies every table
 against the truth, audits the ledger and reconciles every table from bronze, exiting 1 on any
 discrepancy (those checks' own ability to fail is pinned in test_job.py). The crash drill here
 hits two crash points no other test does (inside Spark's state commit; between two Delta
 commits of one batch), plus one random SIGKILL (CI's time budget: each kill is a job start,
-~25 s); the full drill (README) hits all seven and kills at random five times.
+~25 s); the full drill (README) hits all seven and kills at random five times. It then runs the
+replay drill's replay (`drill replay` is that replay after a run without crashes) on the
+tables the crashes left: every table must be unchanged by it.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -29,23 +32,20 @@ def _env(tmp_path: Path, bootstrap: str, controller: int = 0) -> dict[str, str]:
     )
 
 
-def test_crash_drill(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_crash_drill_then_a_replay(kafka_bootstrap: str, tmp_path: Path) -> None:
     points = "during_state_store_upload,between_delta_commits"
     done = run_adattr(
         _env(tmp_path, kafka_bootstrap),
         *("drill", "crash", "--kills", "1", "--seed", "5", "--events", "1000", "--points", points),
+        "--replay",
         timeout=1200,
     )
     out = drill_passed(done, "crash")
     assert out.count(": killed;") == 2
     assert out.count("SIGKILL to the process tree") == 1
-
-
-def test_replay_drill(kafka_bootstrap: str, tmp_path: Path) -> None:
-    env = _env(tmp_path, kafka_bootstrap)
-    done = run_adattr(env, "drill", "replay", "--events", "1200", timeout=1200)
-    out = drill_passed(done, "replay")
-    assert "every table unchanged" in out
+    replayed = re.search(r"replay --from-offsets .*: \d+s, every table unchanged", out)
+    assert replayed and replayed.start() > out.index("finished: "), out
+    assert replayed.start() < out.index("verify: OK"), "the checks come after the replay"
 
 
 def test_broker_drill_owns_and_restarts_its_broker(tmp_path: Path) -> None:
