@@ -30,6 +30,11 @@ def cmd_drill(args: argparse.Namespace, settings: Settings) -> int:
             if args.points == "all"
             else tuple(p for p in args.points.split(",") if p)
         )
+        if args.broker_outage is not None and (args.cluster or args.broker_outage < 0):
+            raise UserInputError(
+                "--broker-outage takes seconds >= 0 and the drill's own single broker "
+                "(not --cluster: `drill broker --cluster` loses a node of the cluster's three)"
+            )
         unknown = [p for p in points if p not in drills.JOB_POINTS]
         if unknown:
             raise UserInputError(
@@ -43,6 +48,7 @@ def cmd_drill(args: argparse.Namespace, settings: Settings) -> int:
             points=points,
             cluster=args.cluster,
             replay=args.replay,
+            broker_outage_s=args.broker_outage,
         )
     if args.drill == "replay":
         return drills.drill_replay(settings, seed=args.seed, events=args.events, full=args.full)
@@ -96,6 +102,13 @@ def add_commands(sub: Subcommands, add: Add) -> None:
         action="store_true",
         help="then the replay drill's replay (partition 0 from its middle) on what the crashes "
         "left: every table must be unchanged",
+    )
+    crash.add_argument(
+        "--broker-outage",
+        type=float,
+        metavar="SECONDS",
+        help="the broker drill's outage in the last run: once it committed a batch, the drill's "
+        "own broker is SIGKILLed and restarted SECONDS later (start no local broker before)",
     )
     worker_drill = drill_sub.add_parser(
         "worker",

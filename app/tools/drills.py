@@ -526,15 +526,21 @@ def drill_crash(
     points: tuple[str, ...],
     cluster: bool = False,
     replay: bool = False,
+    broker_outage_s: float | None = None,
 ) -> int:
     """The named crash points, then ``kills`` random SIGKILLs, then a running job takes the
-    rest; with ``replay``, the replay drill's replay follows on the tables the crashes left
-    (a replay of offsets that crashed runs read), and every table must be unchanged by it."""
+    rest; with ``broker_outage_s``, that job meets the broker drill's outage (the drill's own
+    broker down for that long once the job committed a batch); with ``replay``, the replay
+    drill's replay follows on the tables the crashes left (a replay of offsets that crashed runs
+    read), and every table must be unchanged by it."""
     report = Report("crash --cluster" if cluster else "crash")
     rng = random.Random(seed)
     on = LocalCluster.of(base) if cluster else None
     batch = max(200, events // 6)
     with stack(base, "crash", events=events, seed=seed, batch=batch, cluster=on) as s:
+        if broker_outage_s is not None and not s.started_broker:
+            report.fail(_OWN_BROKER)
+            return report.finish()
         traffic = s.plan()
         s.load_dim(traffic)
         chunks = chunks_of(traffic.main, len(points) + kills + 1)
@@ -590,8 +596,28 @@ def drill_crash(
                 f"kill {k + 1}/{kills}: {max(after, 0)} batch(es) into the run + {at:.1f}s, "
                 f"SIGKILL to the process tree; {state}, {committed - start[1]} by this run"
             )
-        s.produce(chunks[-1] if len(chunks) > len(points) + kills else [])
-        s.finish_running(s.start_job("run"), traffic.tail, report)
+        rest = chunks[-1] if len(chunks) > len(points) + kills else []
+        if broker_outage_s is None:
+            s.produce(rest)
+            running = s.start_job("run")
+        else:
+            # The broker drill's outage, in the last run: half the rest before, half live after.
+            first = len(traffic.main) - len(rest)
+            mid = first + len(rest) // 2
+            s.produce(traffic.main[first:mid])
+            committed = s.progress()[1]
+            outage = broker_outage(
+                s,
+                report,
+                s.start_job("run"),
+                traffic.live_slices(mid),
+                batches=committed + 1,
+                down_seconds=broker_outage_s,
+            )
+            if outage is None:
+                return report.finish()
+            running = outage
+        s.finish_running(running, traffic.tail, report)
         report.say(f"finished: {s.runs} job runs in all")
         if replay:
             replay_unchanged(s, report, replays_of(s))
@@ -659,52 +685,87 @@ def replay_unchanged(s: Stack, report: Report, replays: list[list[str]]) -> None
             )
 
 
+_OWN_BROKER = (
+    "the broker drill stops and restarts the broker, so it must start its own: run it with no "
+    "local broker running (`adattr down`)"
+)
+
+
 def drill_broker(base: Settings, *, seed: int, events: int, down_seconds: float) -> int:
     report = Report("broker")
     with stack(base, "broker", events=events, seed=seed, batch=max(200, events // 6)) as s:
         if not s.started_broker:
-            report.fail(
-                "the broker drill stops and restarts the broker, so it must start its own: "
-                "run it with no local broker running (`adattr down`)"
-            )
+            report.fail(_OWN_BROKER)
             return report.finish()
-        assert s.broker is not None
         traffic = s.plan()
         s.load_dim(traffic)
         half = len(traffic.main) // 2
         s.produce(traffic.main[:half])
         proc = s.start_job("run")
-        wait_for(lambda: s.progress()[1] >= 2, 300, "2 batches")
-        planned, committed = s.progress()
-        pid = s.broker.status().pid
-        assert pid is not None
-        os.killpg(pid, signal.SIGKILL)
-        s.broker.stop()
-        report.say(
-            f"broker SIGKILLed with the job running ({committed} batches committed, "
-            f"{planned - committed} in flight); down for {down_seconds:.0f}s"
+        running = broker_outage(
+            s, report, proc, traffic.live_slices(half), batches=2, down_seconds=down_seconds
         )
-        time.sleep(down_seconds)  # the outage itself: how long the broker stays down
-        try:
-            s.broker.start()
-        except BrokerError as exc:
-            report.fail(f"the broker did not come back: {exc}")
+        if running is None:
             return report.finish()
-        report.say("broker restarted")
-        s.produce_live(traffic.live_slices(half), proc, report)
-        if proc.poll() is None:
-            done = committed
-            try:
-                wait_for(lambda: s.progress()[1] > done + 1, 300, "a batch after the outage")
-                report.say(f"the job rode it out: {s.progress()[1]} batches committed, still up")
-            except TimeoutError as exc:
-                report.fail(f"the job neither failed nor made progress: {exc}")
-        if proc.poll() is not None:
-            report.say(f"the job stopped ({proc.returncode}): {s.last_error()}; restarting")
-            proc = s.start_job("run")
-        s.finish_running(proc, traffic.tail, report)
+        s.finish_running(running, traffic.tail, report)
         s.check(report)
     return report.finish()
+
+
+def broker_outage(
+    s: Stack,
+    report: Report,
+    proc: subprocess.Popen[bytes],
+    slices: list[list[tuple[bytes, bytes]]],
+    *,
+    batches: int,
+    down_seconds: float,
+) -> subprocess.Popen[bytes] | None:
+    """The broker drill's outage of the stack's own broker: once the running job has committed
+    ``batches`` batches in its checkpoint, the broker is SIGKILLed and restarted
+    ``down_seconds`` later; then ``slices`` (live) are produced. The job either rides it out
+    (it must then commit a batch after the outage: one whose Kafka transaction needed the
+    broker back) or stops with a clear error and is restarted. Returns the job running now, or
+    None (reported) when the job stopped before the outage or the broker did not come back."""
+    assert s.broker is not None and s.started_broker, _OWN_BROKER
+    wait_for(
+        lambda: proc.poll() is not None or s.progress()[1] >= batches, 300, f"{batches} batches"
+    )
+    if proc.poll() is not None:
+        report.fail(f"the job stopped ({proc.returncode}) before the outage: {s.last_error()}")
+        return None
+    planned, committed = s.progress()
+    pid = s.broker.status().pid
+    assert pid is not None
+    os.killpg(pid, signal.SIGKILL)
+    s.broker.stop()
+    report.say(
+        f"broker SIGKILLed with the job running ({committed} batches committed, "
+        f"{planned - committed} in flight); down for {down_seconds:.0f}s"
+    )
+    time.sleep(down_seconds)  # the outage itself: how long the broker stays down
+    try:
+        s.broker.start()
+    except BrokerError as exc:
+        report.fail(f"the broker did not come back: {exc}")
+        return None
+    report.say("broker restarted")
+    s.produce_live(slices, proc, report)
+    if proc.poll() is None:
+        try:
+            wait_for(
+                lambda: proc.poll() is not None or s.progress()[1] > committed,
+                300,
+                "a batch after the outage",
+            )
+        except TimeoutError as exc:
+            report.fail(f"the job neither failed nor made progress: {exc}")
+        if proc.poll() is None:
+            report.say(f"the job rode it out: {s.progress()[1]} batches committed, still up")
+    if proc.poll() is not None:
+        report.say(f"the job stopped ({proc.returncode}): {s.last_error()}; restarting")
+        proc = s.start_job("run")
+    return proc
 
 
 def describe_points() -> str:

@@ -101,3 +101,12 @@ def test_each_cluster_drill_meets_its_faults(argv, title, faults, monkeypatch) -
     )
     assert main(["drill", *argv, "--events", "600", "--seed", "3"]) == 0
     assert ran == [(title, faults, {"seed": 3, "events": 600})]
+
+
+@pytest.mark.parametrize("argv", [["--cluster"], []])
+def test_a_broker_outage_needs_the_drills_own_single_broker(argv, capsys) -> None:  # type: ignore[no-untyped-def]
+    seconds = "5" if argv else "-1"
+    assert main(["drill", "crash", "--broker-outage", seconds, *argv]) == 1
+    assert "--broker-outage takes seconds >= 0 and the drill's own single broker" in (
+        capsys.readouterr().err
+    )
