@@ -31,6 +31,7 @@ from app.runtime.kafka_io import (
 )
 from app.runtime.settings import Settings
 from app.tools.generator import GenConfig, plan_traffic, produce
+from pipelines import job
 from pipelines import tables as t
 from pipelines.dimension import upsert_dim_ads
 from tests.builders import run_adattr, settings_env
@@ -166,9 +167,9 @@ def test_crashes_between_and_inside_commits_leave_an_exact_downstream_view(
     bogus.flush(30)
     bogus.abort_transaction(30)
 
-    # 4. The restart fences the dead producer (aborting its open transaction) and finishes.
-    done = adattr("run", "--available-now")
-    assert done.returncode == 0, done.stderr[-3000:]
+    # 4. The restart fences the dead producer (aborting its open transaction) and finishes: in
+    #    this process's session (the same job, no JVM start; the kills above need their own).
+    job.run(spark, settings, available_now=True)
     records = committed_records(KafkaConnection.of(settings), settings.output_topic)
     ids = [r["record_id"] for r in records]
     assert len(ids) == len(set(ids)), "a record id was committed twice"
