@@ -83,7 +83,14 @@ def drill_on_cluster(
     check between them, and each meets a job that has already recovered from the one before."""
     report = Report(title)
     with job_on_cluster(base, title.split()[0], seed=seed, events=events) as run:
-        for fault, share in zip(faults, _shares(run.rest, len(faults)), strict=True):
+        shares = _shares(run.rest, len(faults))
+        if not all(shares):
+            report.fail(
+                f"{len(run.rest)} live slice(s) of traffic for {len(faults)} fault(s), each of "
+                "which needs one to run batches after it: more --events"
+            )
+            return report.finish()
+        for fault, share in zip(faults, shares, strict=True):
             if not FAULTS[fault](run, report, share):
                 return report.finish()
         run.s.finish_running(run.proc, run.tail, report)

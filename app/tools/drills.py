@@ -724,13 +724,23 @@ def broker_outage(
     """The broker drill's outage of the stack's own broker: once the running job has committed
     ``batches`` batches in its checkpoint, the broker is SIGKILLed and restarted
     ``down_seconds`` later; then ``slices`` (live) are produced. The job either rides it out
-    (it must then commit a batch after the outage: one whose Kafka transaction needed the
+    (it must then commit a batch planned after the kill, whose Kafka transaction needed the
     broker back) or stops with a clear error and is restarted. Returns the job running now, or
-    None (reported) when the job stopped before the outage or the broker did not come back."""
+    None (reported) when the job stopped or stalled before the outage, or the broker did not
+    come back."""
     assert s.broker is not None and s.started_broker, _OWN_BROKER
-    wait_for(
-        lambda: proc.poll() is not None or s.progress()[1] >= batches, 300, f"{batches} batches"
-    )
+    if not slices:
+        report.fail("no traffic left to send after the outage (more --events)")
+        return None
+    try:
+        wait_for(
+            lambda: proc.poll() is not None or s.progress()[1] >= batches,
+            300,
+            f"{batches} batches",
+        )
+    except TimeoutError as exc:
+        report.fail(f"before the outage: {exc}")
+        return None
     if proc.poll() is not None:
         report.fail(f"the job stopped ({proc.returncode}) before the outage: {s.last_error()}")
         return None
@@ -754,14 +764,14 @@ def broker_outage(
     if proc.poll() is None:
         try:
             wait_for(
-                lambda: proc.poll() is not None or s.progress()[1] > committed,
+                lambda: proc.poll() is not None or s.progress()[1] > planned,
                 300,
-                "a batch after the outage",
+                f"batch {planned} (planned after the kill) to commit",
             )
+            if proc.poll() is None:
+                report.say(f"the job rode it out: {s.progress()[1]} batches committed, still up")
         except TimeoutError as exc:
             report.fail(f"the job neither failed nor made progress: {exc}")
-        if proc.poll() is None:
-            report.say(f"the job rode it out: {s.progress()[1]} batches committed, still up")
     if proc.poll() is not None:
         report.say(f"the job stopped ({proc.returncode}): {s.last_error()}; restarting")
         proc = s.start_job("run")
