@@ -333,16 +333,20 @@ class Stack:
 
     def progress(self) -> tuple[int, int]:
         """(batches planned, batches committed) in the current generation's checkpoint, read
-        without creating anything (the job may not have made its first generation yet)."""
+        without creating anything (the job may not have made its first generation yet): the
+        newest batch id of each log plus one. Not the number of entries: Spark deletes a log's
+        oldest entries past ``minBatchesToRetain`` (100), after which a count stops growing and
+        a wait for "one more batch" would never end."""
         checkpoint = self._checkpoint()
         if checkpoint is None:
             return 0, 0
 
-        def count(folder: str) -> int:
+        def through(folder: str) -> int:
             path = checkpoint / folder
-            return sum(1 for p in path.iterdir() if p.name.isdigit()) if path.exists() else 0
+            ids = [int(p.name) for p in path.iterdir() if p.name.isdigit()] if path.exists() else []
+            return max(ids) + 1 if ids else 0
 
-        return count("offsets"), count("commits")
+        return through("offsets"), through("commits")
 
     def _checkpoint(self) -> Path | None:
         root = self.settings.checkpoints / "attribution"

@@ -53,3 +53,21 @@ def test_a_measured_run_starts_from_the_stacks_env_and_never_inherits_a_crash_po
     assert env["ADATTR_MAX_OFFSETS_PER_TRIGGER"] == "0"  # its own input, uncapped
     assert env["ADATTR_WAREHOUSE"] == str(s.dir / "b3" / "warehouse")
     assert _run_env(s, "b3")["ADATTR_MAX_OFFSETS_PER_TRIGGER"] == "7"  # the stack's cap
+
+
+def test_progress_is_the_newest_batch_id_not_the_entries_spark_kept(tmp_path: Path) -> None:
+    """A drill waits on (planned, committed) growing; past ``minBatchesToRetain`` Spark deletes
+    each log's oldest entries, so a count of them would stop growing and the wait never end."""
+    s = Stack(
+        Settings.from_env({"ADATTR_DATA_DIR": str(tmp_path)}), "drill", events=10, seed=1, batch=7
+    )
+    assert s.progress() == (0, 0)  # no generation yet
+    root = s.settings.checkpoints / "attribution"
+    gen = root / "gen-0002"
+    for log, ids in (("offsets", range(31, 132)), ("commits", range(30, 130))):
+        (gen / log).mkdir(parents=True)
+        for i in ids:
+            (gen / log / str(i)).write_text("v1")
+            (gen / log / f".{i}.crc").write_text("")
+    (root / "generation.json").write_text('{"number": 2, "app_id": "a"}')
+    assert s.progress() == (132, 130)
