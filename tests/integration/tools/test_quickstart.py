@@ -57,13 +57,15 @@ def test_a_second_demo_starts_from_nothing_the_first_left(
     service's database go, and the topics, made again under the same names, start empty."""
     settings = replace(settings, consumer_db=f"sqlite:///{tmp_path / 'budget.db'}")
     kafka = KafkaConnection.of(settings)
-    warehouse = Path(settings.warehouse)
+    names = {spec.name for spec in app_topics(settings)}
+    warehouse = settings.local_warehouse
+    assert warehouse is not None
     (warehouse / "silver").mkdir(parents=True)
     (warehouse / "silver" / "part-0.parquet").write_bytes(b"left by the first demo")
     (warehouse / demo.MARKER).write_text("created by adattr demo\n")
     (settings.checkpoints / "attribution").mkdir(parents=True)
-    db = tmp_path / "budget.db"
-    for path in (db, tmp_path / "budget.db-wal"):
+    db_files = (tmp_path / "budget.db", tmp_path / "budget.db-wal")
+    for path in db_files:
         path.write_bytes(b"rows of the first demo")
     ensure_topics(kafka, app_topics(settings))
     producer = Producer(producer_config(kafka))
@@ -75,12 +77,10 @@ def test_a_second_demo_starts_from_nothing_the_first_left(
 
     assert [p.name for p in warehouse.iterdir()] == [demo.MARKER]
     assert not settings.checkpoints.exists()
-    assert not db.exists() and not (tmp_path / "budget.db-wal").exists()
-    topics = set(admin_client(kafka).list_topics(timeout=10).topics)
-    assert not topics & {settings.input_topic, settings.output_topic, settings.control_topic}
+    assert not any(path.exists() for path in db_files)
+    assert not names & set(admin_client(kafka).list_topics(timeout=10).topics)
     # Made again (as the demo's `generate` does), the input topic holds none of the first's.
-    made = ensure_topics(kafka, app_topics(settings))
-    assert sorted(made) == sorted(t.name for t in app_topics(settings))
+    assert set(ensure_topics(kafka, app_topics(settings))) == names
     assert not demo._topic_has_records(kafka, settings.input_topic)
 
 
