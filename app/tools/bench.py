@@ -758,7 +758,8 @@ def phase_medians(steps: list[dict[str, float]]) -> dict[str, float]:
                 "read+state": s.get("read+state+classify", 0.0) + s.get("dim", 0.0),
                 "records (bronze..silver)": s.get("records", 0.0),
                 "gold + sessions": s.get("gold", 0.0),
-                "Kafka commit": s.get("kafka", 0.0),
+                "changed rows to the driver": s.get("changed_rows", 0.0),
+                "Kafka transaction": s.get("kafka", 0.0),
                 "ledger": s.get("ledger", 0.0),
                 "release": s.get("release", 0.0),
             }

@@ -57,6 +57,10 @@ def test_quick_bench_reports_every_variant(kafka_bootstrap: str, tmp_path: Path)
     assert summary["latency"]["files_end"][t.BRONZE] > 0
     fixed = summary["fixed_cost"]
     assert len(fixed["data_batches_s"]) >= 2 and fixed["empty_batches_s"], fixed
+    # A data batch publishes: its time to find and pull the changed rows, apart from the
+    # Kafka transaction around them.
+    assert fixed["data_split_s"]["changed_rows"] > 0 and fixed["data_split_s"]["kafka"] > 0, fixed
+    assert summary["split"]["B3"]["changed rows to the driver"] > 0, summary["split"]
     # Delta's own split of the counted batches' gold MERGEs; Delta copies each one's source
     # first (an aggregate or a join is not a source it reads twice uncopied: README).
     for table in (t.GOLD_1M, t.CTR_1H):
