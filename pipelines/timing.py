@@ -16,17 +16,15 @@ class StepTimer:
         self._last = time.monotonic()
 
     def mark(self, name: str) -> None:
-        now = time.monotonic()
-        self.steps[name] = self.steps.get(name, 0.0) + now - self._last
-        self._last = now
+        self.mark_split(name, 0.0, name)
 
     def mark_split(self, part: str, part_seconds: float, rest: str) -> None:
         """Like ``mark(rest)``, with ``part_seconds`` of the time since the last mark noted as
         a phase of its own, ``part`` (work interleaved with the rest's, timed apart)."""
         now = time.monotonic()
         part_seconds = min(part_seconds, now - self._last)
-        self.steps[part] = self.steps.get(part, 0.0) + part_seconds
-        self.steps[rest] = self.steps.get(rest, 0.0) + now - self._last - part_seconds
+        for name, seconds in ((part, part_seconds), (rest, now - self._last - part_seconds)):
+            self.steps[name] = self.steps.get(name, 0.0) + seconds
         self._last = now
 
     def timed(self, name: str, write: Callable[[], object]) -> Callable[[], None]:
