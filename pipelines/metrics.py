@@ -94,6 +94,7 @@ class JobMetrics:
         self._newest_ms: dict[tuple[str, int], int] = {}
         self._publisher: TransactionalPublisher | None = None
         self._aborted = 0
+        self._phases: set[str] = set()
 
     def _age(self) -> float:
         return time.time() - self._finished_at
@@ -110,8 +111,13 @@ class JobMetrics:
             self.records.labels(outcome).inc(n)
         self.batches.inc()
         self.batch_seconds.observe(sum(report.steps.values()))
+        # A phase this batch did not run (no Kafka transaction in a batch with nothing to
+        # publish) reads 0, not an earlier batch's time: the phases add up to this batch.
+        for phase in self._phases - report.steps.keys():
+            self.phase_seconds.labels(phase).set(0.0)
         for phase, seconds in report.steps.items():
             self.phase_seconds.labels(phase).set(seconds)
+        self._phases |= report.steps.keys()
         self.transactions.labels(report.kafka_outcome.split(":")[0]).inc()
         aborted = self._publisher.aborted if self._publisher is not None else 0
         if aborted > self._aborted:

@@ -44,6 +44,12 @@ def test_a_batch_report_moves_the_counters_and_the_last_batch() -> None:
     assert 0 <= (_value(metrics, "adattr_last_committed_batch_age_seconds") or -1) < 5
     assert b"_created" not in generate_latest(metrics.registry)
 
+    # A batch that runs fewer phases: those it did not run read 0, not the last batch's time.
+    metrics.batch_done(replace(report, batch_id=9, steps={"read+state+classify": 0.75}))
+    assert _value(metrics, "adattr_batch_phase_seconds", phase="read+state+classify") == 0.75
+    assert _value(metrics, "adattr_batch_phase_seconds", phase="gold") == 0.0
+    assert _value(metrics, "adattr_batch_phase_seconds", phase="ledger") == 0.0
+
 
 def test_lag_comes_from_the_progress_offsets_and_the_newest_record_seen() -> None:
     metrics = JobMetrics()
