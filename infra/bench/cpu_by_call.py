@@ -15,6 +15,13 @@ spark.eventLog.dir=file:///tmp/ev pyspark-shell'`` (the job's JVM is launched th
 spark-submit, which reads it), then:
 
     .venv/bin/python infra/bench/cpu_by_call.py /tmp/ev/eventlog_v2_local-*  [--by desc|site]
+
+``--per-batch``: what each micro-batch of the streaming query ran instead: its input rows, its
+trigger's wall time, the Spark jobs submitted inside it (from any thread: the gold sessions'
+too), the stages that ran and their tasks; then, per job description, how many jobs and tasks
+an average batch with rows and one without ran and the wall time from the job before each (the
+job's share of the batch: planning, scheduling, the driver's own work), the first two batches
+(the cold start) left out.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 
@@ -100,12 +108,95 @@ def tally(path: Path, by: str) -> tuple[dict[str, Tally], float]:
     return out, span
 
 
+@dataclass
+class Job:
+    submitted: int  # epoch ms
+    desc: str
+    stages: set[int] = field(default_factory=set)  # those that ran (skipped ones send no task)
+    tasks: int = 0
+
+
+@dataclass
+class Batch:
+    id: int
+    rows: int  # input rows, every source of the query
+    started: float  # epoch ms, the trigger's start
+    ms: int  # the trigger's wall time
+    jobs: list[Job] = field(default_factory=list)
+
+
+def per_batch(path: Path) -> list[Batch]:
+    """The streaming query's batches (from its progress events) with the jobs submitted during
+    each trigger, in submission order."""
+    batches: list[Batch] = []
+    jobs: list[Job] = []
+    of_stage: dict[int, Job] = {}
+    for line in _lines(path):
+        ev = json.loads(line)
+        kind = ev.get("Event", "")
+        if kind.endswith("QueryProgressEvent"):
+            p = ev["progress"]
+            started = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00"))
+            batches.append(
+                Batch(
+                    p["batchId"],
+                    sum(int(s.get("numInputRows") or 0) for s in p.get("sources") or []),
+                    started.timestamp() * 1000,
+                    int(p["durationMs"].get("triggerExecution", 0)),
+                )
+            )
+        elif kind == "SparkListenerJobStart":
+            job = Job(ev["Submission Time"], _desc(ev.get("Properties") or {}))
+            jobs.append(job)
+            for stage in ev["Stage IDs"]:
+                of_stage[stage] = job
+        elif kind == "SparkListenerTaskEnd" and ev["Stage ID"] in of_stage:
+            job = of_stage[ev["Stage ID"]]
+            job.stages.add(ev["Stage ID"])
+            job.tasks += 1
+    for b in batches:
+        b.jobs = sorted(
+            (j for j in jobs if b.started <= j.submitted <= b.started + b.ms),
+            key=lambda j: j.submitted,
+        )
+    return batches
+
+
+def print_per_batch(batches: list[Batch], top: int) -> None:
+    print(f"{'batch':>6} {'rows':>8} {'wall s':>7} {'jobs':>5} {'stages':>6} {'tasks':>6}")
+    for b in batches:
+        ran = sum(len(j.stages) for j in b.jobs)
+        sent = sum(j.tasks for j in b.jobs)
+        print(f"{b.id:6d} {b.rows:8,d} {b.ms / 1000:7.2f} {len(b.jobs):5d} {ran:6d} {sent:6d}")
+    for label, with_rows in (("with rows", True), ("without rows", False)):
+        chosen = [b for b in batches[2:] if (b.rows > 0) == with_rows]
+        if not chosen:
+            continue
+        per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+        for b in chosen:
+            before = b.started
+            for j in b.jobs:
+                row = per[j.desc]
+                row[0] += 1
+                row[1] += j.tasks
+                row[2] += j.submitted - before
+                before = j.submitted
+        n = len(chosen)
+        print(f"\nper batch {label} (mean of {n}): jobs, tasks, wall ms from the job before")
+        for desc, (jobs, tasks, gap) in sorted(per.items(), key=lambda kv: -kv[1][2])[:top]:
+            print(f"{jobs / n:6.1f} {tasks / n:7.1f} {gap / n:8.0f}  {desc}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("log", type=Path)
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--by", choices=("site", "desc"), default="desc")
+    parser.add_argument("--per-batch", action="store_true", help="jobs per micro-batch")
     args = parser.parse_args()
+    if args.per_batch:
+        print_per_batch(per_batch(args.log), args.top)
+        return 0
     out, span = tally(args.log, args.by)
     total_cpu = sum(t.cpu_ns for t in out.values()) / 1e9
     total_run = sum(t.run_ms for t in out.values()) / 1e3
