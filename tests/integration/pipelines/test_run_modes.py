@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,7 +114,9 @@ def test_sigterm_stops_between_batches_and_nothing_is_lost(spark, settings: Sett
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out[-3000:]
-    assert "run: stopped" in out
+    # The command's time, with the Spark session's start (which it includes) apart.
+    stop = re.search(r"run: stopped after ([\d.]+)s \(([\d.]+)s of it starting Spark\)", out)
+    assert stop and 0 < float(stop[2]) < float(stop[1]), out[-3000:]
     assert "Traceback" not in out and "Py4J" not in out, out[-3000:]
     assert diff(traffic.truth, observed(spark, settings.warehouse_uri)) == []
     ledger = spark.read.format("delta").load(f"{settings.warehouse_uri}/{t.LEDGER}")
