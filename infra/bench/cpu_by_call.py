@@ -78,42 +78,15 @@ def _roll(f: Path) -> int:
     return int(f.name.split("_")[1])
 
 
-def tally(path: Path, by: str) -> tuple[dict[str, Tally], float]:
-    """Per key, the tasks' CPU and run time; and the log's wall-clock span (s)."""
-    stage_key: dict[int, str] = {}
-    out: dict[str, Tally] = defaultdict(Tally)
-    first = last = None
-    for line in _lines(path):
-        ev = json.loads(line)
-        kind = ev.get("Event")
-        stamp = ev.get("Timestamp") or ev.get("time") or ev.get("Submission Time")
-        if isinstance(stamp, int):
-            first = stamp if first is None else min(first, stamp)
-            last = stamp if last is None else max(last, stamp)
-        if kind == "SparkListenerJobStart":
-            props = ev.get("Properties") or {}
-            key = _site(props) if by == "site" else _desc(props)
-            for stage in ev["Stage IDs"]:
-                stage_key[stage] = key
-            out[key].jobs.add(ev["Job ID"])
-        elif kind == "SparkListenerTaskEnd":
-            metrics = ev.get("Task Metrics") or {}
-            t = out[stage_key.get(ev["Stage ID"], "(unknown stage)")]
-            t.cpu_ns += metrics.get("Executor CPU Time", 0) + metrics.get(
-                "Executor Deserialize CPU Time", 0
-            )
-            t.run_ms += metrics.get("Executor Run Time", 0)
-            t.tasks += 1
-    span = (last - first) / 1000 if first is not None and last is not None else 0.0
-    return out, span
-
-
 @dataclass
 class Job:
+    id: int
     submitted: int  # epoch ms
-    desc: str
+    props: dict[str, str]
     stages: set[int] = field(default_factory=set)  # those that ran (skipped ones send no task)
     tasks: int = 0
+    cpu_ns: int = 0
+    run_ms: int = 0
 
 
 @dataclass
@@ -125,16 +98,44 @@ class Batch:
     jobs: list[Job] = field(default_factory=list)
 
 
-def per_batch(path: Path) -> list[Batch]:
-    """The streaming query's batches (from its progress events) with the jobs submitted during
-    each trigger, in submission order."""
-    batches: list[Batch] = []
+@dataclass
+class EventLog:
+    jobs: list[Job]
+    batches: list[Batch]  # the streaming query's, each with the jobs submitted in its trigger
+    span_s: float  # the log's wall-clock span
+    unknown: Job  # tasks of stages no job listed
+
+
+def read_log(path: Path) -> EventLog:
+    """One pass over an event log: every job with its tasks' counts and times, the streaming
+    query's batches (from its progress events), and the log's span."""
     jobs: list[Job] = []
+    batches: list[Batch] = []
     of_stage: dict[int, Job] = {}
+    unknown = Job(-1, 0, {})
+    first = last = None
     for line in _lines(path):
         ev = json.loads(line)
         kind = ev.get("Event", "")
-        if kind.endswith("QueryProgressEvent"):
+        stamp = ev.get("Timestamp") or ev.get("time") or ev.get("Submission Time")
+        if isinstance(stamp, int):
+            first = stamp if first is None else min(first, stamp)
+            last = stamp if last is None else max(last, stamp)
+        if kind == "SparkListenerJobStart":
+            job = Job(ev["Job ID"], ev["Submission Time"], ev.get("Properties") or {})
+            jobs.append(job)
+            for stage in ev["Stage IDs"]:
+                of_stage[stage] = job
+        elif kind == "SparkListenerTaskEnd":
+            metrics = ev.get("Task Metrics") or {}
+            job = of_stage.get(ev["Stage ID"], unknown)
+            job.stages.add(ev["Stage ID"])
+            job.tasks += 1
+            job.cpu_ns += metrics.get("Executor CPU Time", 0) + metrics.get(
+                "Executor Deserialize CPU Time", 0
+            )
+            job.run_ms += metrics.get("Executor Run Time", 0)
+        elif kind.endswith("QueryProgressEvent"):
             p = ev["progress"]
             started = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00"))
             batches.append(
@@ -145,21 +146,28 @@ def per_batch(path: Path) -> list[Batch]:
                     int(p["durationMs"].get("triggerExecution", 0)),
                 )
             )
-        elif kind == "SparkListenerJobStart":
-            job = Job(ev["Submission Time"], _desc(ev.get("Properties") or {}))
-            jobs.append(job)
-            for stage in ev["Stage IDs"]:
-                of_stage[stage] = job
-        elif kind == "SparkListenerTaskEnd" and ev["Stage ID"] in of_stage:
-            job = of_stage[ev["Stage ID"]]
-            job.stages.add(ev["Stage ID"])
-            job.tasks += 1
     for b in batches:
         b.jobs = sorted(
             (j for j in jobs if b.started <= j.submitted <= b.started + b.ms),
             key=lambda j: j.submitted,
         )
-    return batches
+    span = (last - first) / 1000 if first is not None and last is not None else 0.0
+    return EventLog(jobs, batches, span, unknown)
+
+
+def tally(log: EventLog, by: str) -> dict[str, Tally]:
+    """Per key, the tasks' CPU and run time."""
+    out: dict[str, Tally] = defaultdict(Tally)
+    for job in log.jobs:
+        t = out[_site(job.props) if by == "site" else _desc(job.props)]
+        t.jobs.add(job.id)
+        t.cpu_ns += job.cpu_ns
+        t.run_ms += job.run_ms
+        t.tasks += job.tasks
+    if log.unknown.tasks:
+        t = out["(unknown stage)"]
+        t.cpu_ns, t.run_ms, t.tasks = log.unknown.cpu_ns, log.unknown.run_ms, log.unknown.tasks
+    return out
 
 
 def print_per_batch(batches: list[Batch], top: int) -> None:
@@ -176,7 +184,7 @@ def print_per_batch(batches: list[Batch], top: int) -> None:
         for b in chosen:
             before = b.started
             for j in b.jobs:
-                row = per[j.desc]
+                row = per[_desc(j.props)]
                 row[0] += 1
                 row[1] += j.tasks
                 row[2] += j.submitted - before
@@ -194,10 +202,11 @@ def main() -> int:
     parser.add_argument("--by", choices=("site", "desc"), default="desc")
     parser.add_argument("--per-batch", action="store_true", help="jobs per micro-batch")
     args = parser.parse_args()
+    log = read_log(args.log)
     if args.per_batch:
-        print_per_batch(per_batch(args.log), args.top)
+        print_per_batch(log.batches, args.top)
         return 0
-    out, span = tally(args.log, args.by)
+    out, span = tally(log, args.by), log.span_s
     total_cpu = sum(t.cpu_ns for t in out.values()) / 1e9
     total_run = sum(t.run_ms for t in out.values()) / 1e3
     print(
