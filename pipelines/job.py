@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import signal
 import time
 import uuid
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -49,6 +51,45 @@ QUERY_NAME = "adattr-attribution"
 
 class JobFailedError(RuntimeError):
     pass
+
+
+# Spark's Kafka source stops the query when offsets its checkpoint names are gone from the topic
+# (``failOnDataLoss``, never turned off here: skipping them would lose records silently).
+_DATA_LOSS = "failOnDataLoss"
+_OFFSET_CHANGED = re.compile(r"Partition (\S+) offset was changed from (\d+) to (\d+)")
+
+
+def failure_message(error: str, settings: Settings) -> str:
+    """What the job says when its streaming query fails: Spark's reason without the dump of the
+    query's plan that follows it, and for Kafka's data-loss check what happened and what to do.
+    A checkpoint and the tables it wrote hold one topic's history: Kafka offsets are their keys."""
+    text = error.split("=== Streaming Query ===")[0].strip()
+    text = re.sub(r"\s*SQLSTATE: \w+$", "", text)
+    text = re.sub(r"^\[STREAM_FAILED\] Query \[[^\]]*\] terminated with exception: ", "", text)
+    if _DATA_LOSS not in text:
+        return f"the streaming query failed: {text}"
+    found = re.search(r"Reason: (.*)", text)
+    reason = found.group(1).strip() if found else text.splitlines()[0]
+    held = (
+        f"checkpoint in {settings.checkpoints.resolve()} and the tables in "
+        f"{settings.warehouse_uri} belong to the old topic"
+    )
+    fresh = "an empty ADATTR_CHECKPOINTS and ADATTR_WAREHOUSE"
+    changed = _OFFSET_CHANGED.search(reason)
+    if changed and int(changed.group(3)) < int(changed.group(2)):
+        return (
+            f"topic {settings.input_topic} ends before offsets the job has already read "
+            f"({reason}): the topic was deleted and re-created (or truncated) since, and its "
+            f"offsets now name other records. The job wrote nothing. The {held}: run the new "
+            f"topic's job on {fresh}, or restore the old topic."
+        )
+    return (
+        f"Kafka no longer holds records the job has read or has still to read from topic "
+        f"{settings.input_topic} ({reason}), and the job never skips records. If the topic was "
+        f"deleted and re-created, the {held}: run the new topic's job on {fresh}. If the records "
+        "aged out (retention) before the job read them, they cannot be counted: `adattr replay` "
+        "starts a new generation from offsets Kafka still holds (README: Replays)."
+    )
 
 
 class JobRunningError(RuntimeError):
@@ -321,9 +362,11 @@ def _run(
                 reported = progress["batchId"]
             if stop_requested and not query.status["isTriggerActive"]:
                 query.stop()  # between batches: nothing half-done to redo
+    except StreamingQueryException as exc:  # awaitTermination raises the query's own failure
+        raise JobFailedError(failure_message(str(exc), settings)) from None
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     error = query.exception()
     if error is not None:
-        raise JobFailedError(f"the streaming query failed: {error}")
+        raise JobFailedError(failure_message(str(error), settings))

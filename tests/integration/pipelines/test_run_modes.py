@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from app.runtime.kafka_io import KafkaConnection, app_topics, ensure_topics
+from app.runtime.kafka_io import KafkaConnection, admin_client, app_topics, ensure_topics
 from app.runtime.settings import Settings
 from app.runtime.spark import STATE_STORE_PROVIDERS
 from app.stack.broker import free_port
@@ -257,3 +257,44 @@ def _dimension_change(spark: SparkSession, settings: Settings, warehouse: str) -
         silver["a1"].dim_version,
         silver["b1"].dim_version,
     }
+
+
+def test_a_topic_recreated_under_its_checkpoint_is_named_in_one_message(
+    spark, settings: Settings
+) -> None:  # type: ignore[no-untyped-def]
+    """A broker's data wiped while the checkpoint and the tables stay (what `adattr up` on a new
+    broker beside an old `checkpoints/` does): Spark's Kafka source refuses to go on, and the
+    job says what happened and what to do, not Spark's traceback with the query's plan. Nothing
+    is written."""
+    kafka = KafkaConnection.of(settings)
+    ensure_topics(kafka, app_topics(settings))
+    upsert_dim_ads(
+        spark, settings.warehouse_uri, [("ad-1", "cmp-1", "adv-1", Decimal("2"), Decimal("1"))]
+    )
+
+    def send(ids: list[str]) -> None:
+        values = [(b"u1", json.dumps(event(i)).encode()) for i in ids]  # one key: one partition
+        produce(values, kafka, settings.input_topic, progress=False)
+
+    send(["a1", "a2", "a3"])
+    job.run(spark, settings, available_now=True)
+    batches = spark.read.format("delta").load(f"{settings.warehouse_uri}/{t.LEDGER}").count()
+    admin = admin_client(kafka)
+    for future in admin.delete_topics([settings.input_topic], operation_timeout=30).values():
+        future.result()
+    deadline = time.monotonic() + 30
+    while settings.input_topic in admin.list_topics(timeout=10).topics:
+        assert time.monotonic() < deadline, "the topic was not deleted"
+        time.sleep(0.2)  # polling the broker for the deletion
+    ensure_topics(kafka, app_topics(settings))
+    send(["b1"])
+
+    with pytest.raises(job.JobFailedError) as failed:
+        job.run(spark, settings, available_now=True)
+    said = str(failed.value)
+    assert said.startswith(f"topic {settings.input_topic} ends before offsets"), said
+    assert re.search(r"offset was changed from 3 to [01]\.", said), said
+    assert str(settings.checkpoints) in said and "Logical Plan" not in said, said
+    assert (
+        spark.read.format("delta").load(f"{settings.warehouse_uri}/{t.LEDGER}").count() == batches
+    )
