@@ -230,6 +230,23 @@ def ensure_topics(
     return created
 
 
+def delete_topics(kafka: KafkaConnection, names: list[str], timeout: float = 30.0) -> list[str]:
+    """Deletes those of the topics that exist and waits until the broker no longer lists them;
+    returns the names still listed when ``timeout`` ran out (none: all gone)."""
+    admin = admin_client(kafka)
+    doomed = [name for name in names if name in admin.list_topics(timeout=10).topics]
+    if not doomed:
+        return []
+    for future in admin.delete_topics(doomed, operation_timeout=timeout).values():
+        future.result()
+    deadline = time.monotonic() + timeout
+    while left := sorted(set(doomed) & set(admin.list_topics(timeout=10).topics)):
+        if time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)  # the deletion is asynchronous: poll until the broker stops listing them
+    return []
+
+
 def _wait_for_leaders(admin: AdminClient, names: list[str], timeout: float) -> None:
     """A new topic answers "not leader" until its partitions have leaders: wait for that."""
     deadline = time.monotonic() + timeout

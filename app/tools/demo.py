@@ -22,7 +22,7 @@ from pathlib import Path
 from confluent_kafka import KafkaError
 
 from app.runtime.errors import UserInputError
-from app.runtime.kafka_io import KafkaConnection, admin_client, consumer_config
+from app.runtime.kafka_io import KafkaConnection, consumer_config, delete_topics
 from app.runtime.settings import Settings
 
 MARKER = ".adattr-demo"
@@ -79,17 +79,10 @@ def _reset(settings: Settings) -> None:
         )
     shutil.rmtree(warehouse, ignore_errors=True)
     shutil.rmtree(checkpoints, ignore_errors=True)
-    admin = admin_client(KafkaConnection.of(settings))
-    mine = (settings.input_topic, settings.output_topic, settings.control_topic)
-    doomed = [name for name in mine if name in admin.list_topics(timeout=10).topics]
-    if doomed:
-        for future in admin.delete_topics(doomed, operation_timeout=30).values():
-            future.result()
-        deadline = time.monotonic() + 30
-        while set(doomed) & set(admin.list_topics(timeout=10).topics):
-            if time.monotonic() > deadline:
-                raise UserInputError(f"topics {doomed} were not deleted within 30 s")
-            time.sleep(0.2)
+    mine = [settings.input_topic, settings.output_topic, settings.control_topic]
+    left = delete_topics(KafkaConnection.of(settings), mine)
+    if left:
+        raise UserInputError(f"topics {left} were not deleted within 30 s")
     if settings.consumer_db_url.startswith("sqlite:///"):
         db = Path(settings.consumer_db_url.removeprefix("sqlite:///"))
         for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
