@@ -22,7 +22,8 @@ and the rate is records / wall time of the rest (Spark's own per-batch ``trigger
 Latency: the job runs with a 1 s trigger on an empty topic while a paced producer sends at ~50%
 of B3's median rate; a read_committed consumer notes when each batch's commit marker becomes
 visible; per record, latency = that moment - the record's Kafka timestamp (its send time), the
-first 10 s (a third of a short run) excluded.
+first 10 s (a third of a short run) excluded. Fixed cost: in the latency worker's process once
+its run has stopped, on a topic and tables of its own (``--fixed-only``: a process of its own).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ _T = TypeVar("_T")
 VARIANTS = ("B0s", "B0k", "B1", "B2", "B3")
 # The soak's slices: cost per 5 minutes of a run (a shorter run: a sixth of it).
 SOAK_SLICE_S = 300.0
+# Records per data batch of the fixed-cost rounds.
+FIXED_SIZE = 1000
 # How often the soak looks for the driver's latest garbage collection (and the heap after it).
 HEAP_SAMPLE_S = 1.0
 LABELS = {
@@ -313,11 +316,17 @@ def textbook_job(spark: Any, settings: Any) -> Any:
     )
 
 
-def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
+def fixed_cost_worker(
+    rounds: int, size: int, out: Path, *, spark: Any = None, settings: Any = None
+) -> None:
     """What a micro-batch costs apart from its data: the job with a 1 s trigger on an empty
     topic; ``rounds`` times, ``size`` records are sent at once (their event times move the
     watermark), Spark runs a batch for them and then, the watermark having moved, a batch with
-    no records (``noDataMicroBatches``). Each batch's time is Spark's own triggerExecution."""
+    no records (``noDataMicroBatches``). Each batch's time is Spark's own triggerExecution.
+
+    In a process of its own by default; the full and quick bench run it in the latency worker's
+    session after that run (``settings`` its own tables, checkpoints and topics): one JVM start
+    fewer, and the round that warms the job up is still left out of the figures."""
     from app.runtime.kafka_io import KafkaConnection, app_topics, ensure_topics
     from app.runtime.settings import Settings
     from app.runtime.spark import build_spark
@@ -325,7 +334,7 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
     from pipelines import job
     from pipelines.dimension import upsert_dim_ads
 
-    settings = Settings.from_env(os.environ)
+    settings = settings or Settings.from_env(os.environ)
     kafka = KafkaConnection.of(settings)
     ensure_topics(kafka, app_topics(settings))
     traffic = plan_traffic(
@@ -342,7 +351,7 @@ def fixed_cost_worker(rounds: int, size: int, out: Path) -> None:
         )
     )
     gc.freeze()  # as in latency_worker
-    spark = build_spark(settings, "adattr-bench-fixed")
+    spark = spark or build_spark(settings, "adattr-bench-fixed")
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
     upsert_dim_ads(spark, settings.warehouse_uri, traffic.dim_rows)
     read: dict[int, int] = {}
@@ -426,11 +435,19 @@ def _median_steps(steps: list[dict[str, float]]) -> dict[str, float]:
     return {k: round(statistics.median(s.get(k, 0.0) for s in steps), 3) for k in sorted(names)}
 
 
-def latency_worker(rate: float, seconds: float, out: Path, slice_seconds: float) -> None:
+def latency_worker(
+    rate: float,
+    seconds: float,
+    out: Path,
+    slice_seconds: float,
+    fixed: tuple[int, dict[str, str], Path] | None = None,
+) -> None:
     """The job with a 1 s trigger on an empty topic, fed at ``rate`` records/s for
     ``seconds``; per record, the time until its batch's marker is visible read_committed. Per
     slice of ``slice_seconds`` (the soak: whether cost grows with time), the batches' durations,
-    the latencies of the records sent in it, and at its end the data files of every table."""
+    the latencies of the records sent in it, and at its end the data files of every table.
+    With ``fixed`` (rounds, the fixed-cost run's settings over this process's environment, its
+    result file), ``fixed_cost_worker`` follows in the same session."""
     from confluent_kafka import Consumer, TopicPartition
 
     from app.runtime.kafka_io import KafkaConnection, app_topics, consumer_config, ensure_topics
@@ -579,6 +596,11 @@ def latency_worker(rate: float, seconds: float, out: Path, slice_seconds: float)
             }
         )
     )
+    if fixed is not None:
+        rounds, env, fixed_out = fixed
+        spark.catalog.clearCache()  # the run's cached state: the next starts as a fresh process
+        fixed_settings = Settings.from_env({**os.environ, **env})
+        fixed_cost_worker(rounds, FIXED_SIZE, fixed_out, spark=spark, settings=fixed_settings)
 
 
 def files_per_table(warehouse: Path) -> dict[str, int]:
@@ -845,10 +867,12 @@ def bench(
         rate = round(b3 * 0.5)
         seconds = 15.0 if quick else 90.0
         print(
-            f"bench: latency at {rate:,} events/s (50% of B3) for {seconds:.0f}s, 1 s trigger ..."
+            f"bench: latency at {rate:,} events/s (50% of B3) for {seconds:.0f}s, 1 s trigger, "
+            f"then the fixed cost in the same JVM, {rounds} rounds of {FIXED_SIZE:,} records "
+            "then a batch of none ..."
         )
-        latency = _latency_run(s, "latency", rate, seconds, seconds / 3)
-        fixed = _fixed_cost(s, rounds)
+        latency = _latency_run(s, "latency", rate, seconds, seconds / 3, fixed_rounds=rounds)
+        fixed = json.loads((s.dir / "fixed.json").read_text())  # written by that worker
     finally:
         s.down()
     summary = summarise(results, latency, fixed, n=n, reps=reps, quick=quick)
@@ -1015,20 +1039,30 @@ def _soak(s: Any, minutes: float, rate: float | None, *, n: int, batch: int) -> 
     return {**result, "minutes": minutes, "b3_events_per_s": b3}
 
 
-def _latency_run(s: Any, run: str, rate: float, seconds: float, slice_s: float) -> dict[str, Any]:
+def _latency_run(
+    s: Any, run: str, rate: float, seconds: float, slice_s: float, *, fixed_rounds: int = 0
+) -> dict[str, Any]:
     """The latency worker on its own input topic and tables (``run``): the shipped job fed at
-    ``rate`` events/s for ``seconds``, reported per ``slice_s`` slice."""
+    ``rate`` events/s for ``seconds``, reported per ``slice_s`` slice; then, with
+    ``fixed_rounds``, the fixed cost in the same process on tables and topics of its own
+    (its result in ``fixed.json``)."""
+    env = _run_env(s, run, own_input=True)
+    args = ["--rate", str(rate), "--seconds", str(seconds), "--slice", str(slice_s)]
+    if fixed_rounds:
+        own = {k: v for k, v in _run_env(s, "fixed", own_input=True).items() if env.get(k) != v}
+        args += ["--fixed-rounds", str(fixed_rounds), "--fixed-env", json.dumps(own)]
+        args += ["--fixed-out", str(s.dir / "fixed.json")]
     return _run_worker(
-        _run_env(s, run, own_input=True),
+        env,
         s.dir / f"{run}.json",
         "latency",
-        *("--rate", str(rate), "--seconds", str(seconds), "--slice", str(slice_s)),
+        *args,
         log=s.dir / f"{run}.log",
     )
 
 
 def _fixed_cost(s: Any, rounds: int) -> dict[str, Any]:
-    print(f"bench: fixed cost, {rounds} rounds of 1,000 records then a batch of none ...")
+    print(f"bench: fixed cost, {rounds} rounds of {FIXED_SIZE:,} records then a batch of none ...")
     return _run_worker(
         _run_env(s, "fixed", own_input=True),
         s.dir / "fixed.json",
@@ -1036,7 +1070,7 @@ def _fixed_cost(s: Any, rounds: int) -> dict[str, Any]:
         "--rounds",
         str(rounds),
         "--size",
-        "1000",
+        str(FIXED_SIZE),
         log=s.dir / "fixed.log",
     )
 
@@ -1235,13 +1269,19 @@ def main(argv: list[str] | None = None) -> None:
     lat.add_argument("--seconds", type=float, required=True)
     lat.add_argument("--slice", type=float, required=True, help="seconds per soak slice")
     lat.add_argument("--out", required=True)
+    lat.add_argument("--fixed-rounds", type=int, default=0, help="then the fixed cost")
+    lat.add_argument("--fixed-env", default="{}", help="its settings (JSON: ADATTR_* values)")
+    lat.add_argument("--fixed-out", help="its result file")
     args = parser.parse_args(argv)
     if args.what == "worker":
         worker(args.variant, Path(args.out), Path(args.dim) if args.dim else None)
     elif args.what == "fixed":
         fixed_cost_worker(args.rounds, args.size, Path(args.out))
     else:
-        latency_worker(args.rate, args.seconds, Path(args.out), args.slice)
+        fixed = None
+        if args.fixed_rounds:
+            fixed = (args.fixed_rounds, json.loads(args.fixed_env), Path(args.fixed_out))
+        latency_worker(args.rate, args.seconds, Path(args.out), args.slice, fixed)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,8 @@ def test_quick_bench_reports_every_variant(kafka_bootstrap: str, tmp_path: Path)
     assert summary["latency"]["files_end"][t.BRONZE] > 0
     fixed = summary["fixed_cost"]
     assert len(fixed["data_batches_s"]) >= 2 and fixed["empty_batches_s"], fixed
+    # ... measured in the latency worker's process, after its run: no process of its own.
+    assert not (results[0].parent / "fixed.log").exists()
     # A data batch publishes: its time to find and pull the changed rows, apart from the
     # Kafka transaction around them.
     assert fixed["data_split_s"]["changed_rows"] > 0 and fixed["data_split_s"]["kafka"] > 0, fixed
