@@ -1,4 +1,5 @@
-"""The record tables' small files, compacted by the job itself (``ADATTR_COMPACTION=job``).
+"""The record tables' small files, compacted by the job itself (``ADATTR_COMPACTION=job``), and
+what earlier runs left in the other tables it writes.
 
 A batch appends one or more files to bronze, quarantine, late and silver; Delta's auto
 compaction rewrites them, once ``compact_files`` have piled up, inside the commit of the write
@@ -12,6 +13,12 @@ compiled code.
 
 It runs in the batch's thread, not beside the gold writes: on two cores a compaction beside
 them only stretched them by as long as it took (the soak, README "Performance").
+
+The other tables the job writes (the gold tables, the sessions, the ledger) are compacted by
+Delta's auto compaction, which counts the small files this JVM wrote to each
+(app/runtime/spark.py): what earlier runs left is not in that count, so those tables too are
+compacted here at a run's first batch when they already hold ``compact_files`` files (right
+after the record writes, before the batch writes to any of them).
 
 Why it never conflicts. A compaction commits files removed and added with ``dataChange=false``,
 between the batch's record writes and its gold writes, which only read silver: nothing writes
@@ -44,6 +51,11 @@ SESSION_CONF = {
 }
 
 
+# Written by the job, compacted by Delta as their property says (pipelines/tables.py); dim_ads,
+# written by `adattr dim load`, is left to Delta alone.
+DELTA_COMPACTED = (t.ATTRIBUTIONS, t.GOLD_1M, t.CTR_1H, t.SESSIONS, t.LEDGER)
+
+
 class Compactor:
     """Compacts a record table once the job has written to it ``min_files`` times since its
     last compaction in this run: a write adds at most one file per table partition (one per
@@ -67,10 +79,12 @@ class Compactor:
         self.min_files = min_files
         self.guard = guard  # raises when the job must not write (its lease is lost)
         self.writes: dict[str, int] = {}  # a table's writes since its last compaction (this run)
+        self.started = False  # the run's first batch has looked at DELTA_COMPACTED
 
     def due(self, written: Iterable[str]) -> list[str]:
         """Notes a write to each of the ``written`` tables; returns the record tables among
-        them that are due."""
+        them that are due, and at the run's first batch the DELTA_COMPACTED tables that hold
+        ``min_files`` files already."""
         names = []
         for name in written:
             if name not in t.RECORD_TABLES:
@@ -80,11 +94,17 @@ class Compactor:
                 due = self.writes[name] >= self.min_files
             else:  # the run's first write: what the table holds already
                 self.writes[name] = 1
-                held = t.data_files(self.spark, self.tables.path(name))
-                due = held is not None and held >= self.min_files
+                due = self._holds_enough(name)
             if due:
                 names.append(name)
+        if not self.started:
+            self.started = True
+            names += [name for name in DELTA_COMPACTED if self._holds_enough(name)]
         return names
+
+    def _holds_enough(self, name: str) -> bool:
+        held = t.data_files(self.spark, self.tables.path(name))
+        return held is not None and held >= self.min_files
 
     def after_writes(self, written: Iterable[str]) -> dict[str, float]:
         """After a batch's writes to the ``written`` tables: compacts those due, one after the

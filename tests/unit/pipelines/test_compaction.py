@@ -4,6 +4,8 @@ by Delta as their property says, on real Delta tables."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -15,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pipelines import tables as t
 from pipelines.compaction import Compactor
 from pipelines.delta_writes import Tables
+from pipelines.ledger import write_ledger
 
 T0 = datetime(2026, 11, 20, 10, 0)
 
@@ -53,6 +56,18 @@ def new_compactor(spark: SparkSession, warehouse: str, **kwargs: Any) -> Compact
     return Compactor(tables, spark, **kwargs)
 
 
+@contextmanager
+def delta_due_at(spark: SparkSession, files: int) -> Iterator[None]:
+    """Delta's auto compaction due at ``files`` small files (the job's 50, in a test)."""
+    key = "spark.databricks.delta.autoCompact.minNumFiles"
+    before = spark.conf.get(key)
+    spark.conf.set(key, str(files))
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)  # type: ignore[arg-type]
+
+
 def last_commit(path: str) -> dict[str, object]:
     newest = sorted((Path(path) / "_delta_log").glob("*.json"))[-1]
     lines = [json.loads(x) for x in newest.read_text().splitlines()]
@@ -67,8 +82,9 @@ def test_a_record_table_is_compacted_by_the_job_once_due_and_never_by_its_own_wr
     silver = f"{warehouse}/{t.SILVER}"
     compactor = new_compactor(spark, warehouse, min_files=4)
     # The first write two files: Delta's auto compaction, were it on for silver, would have
-    # compacted them after it (a table not compacted yet in this JVM qualifies at once).
-    append(silver_rows(spark, 0), silver, files=2)
+    # compacted them after it (due at two files here, as dim_ads below shows).
+    with delta_due_at(spark, 2):
+        append(silver_rows(spark, 0), silver, files=2)
     assert t.data_files(spark, silver) == 2
     assert compactor.after_writes([t.SILVER, t.DIM_ADS]) == {}  # under 4 files; dim_ads: Delta's
     for batch in range(1, 3):
@@ -101,13 +117,14 @@ def test_a_record_table_is_compacted_by_the_job_once_due_and_never_by_its_own_wr
     assert DeltaTable.forPath(spark, silver).toDF().count() == 8 * 5  # eight batches
 
     # A table outside the record tables is compacted by Delta, as its property says: its first
-    # write's two files (not compacted yet in this JVM) become one.
+    # write's two files (due at two) become one.
     dim = f"{warehouse}/{t.DIM_ADS}"
     frame = spark.createDataFrame(
         [(ad, "c-1", "adv-1", Decimal("1.5"), Decimal("0.2")) for ad in ("ad-1", "ad-2")],
         t.schema(t.DIM_ADS),
     )
-    append(frame, dim, files=2, by="ad_id")
+    with delta_due_at(spark, 2):
+        append(frame, dim, files=2, by="ad_id")
     assert t.data_files(spark, dim) == 1
     assert last_commit(dim)["operation"] == "OPTIMIZE"
 
@@ -150,3 +167,75 @@ def test_a_failed_compaction_leaves_the_files_and_never_fails_the_batch(
     append(silver_rows(spark, 1), silver)
     assert set(compactor.after_writes([t.SILVER])) == {t.SILVER}  # the next write: again
     assert t.data_files(spark, silver) == 1
+
+
+def test_a_table_delta_compacts_is_compacted_once_due_not_after_every_commit_of_a_restarted_job(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The ledger (Delta's auto compaction, as its property says) holds files an earlier run
+    wrote, which this JVM never counted. Its writes here are compacted once they made the
+    threshold's number of small files, then again after as many more: not after every write,
+    which Delta's default did once a compaction took more files than it had counted."""
+    warehouse = str(tmp_path)
+    t.create_tables(spark, warehouse, (t.LEDGER,))
+    ledger = f"{warehouse}/{t.LEDGER}"
+    tables = Tables(spark, warehouse, app_id="test-auto-compaction", generation=1)
+    earlier_runs_ledger(spark, tables, 3)
+    with delta_due_at(spark, 4):
+        for batch in range(3, 11):
+            ledger_row(tables, batch)
+    ops = [
+        r.operation
+        for r in DeltaTable.forPath(spark, ledger).history().orderBy("version").collect()
+    ]
+    writes = ["WRITE"] * 4
+    assert ops == ["CREATE TABLE", *(["WRITE"] * 3), *writes, "OPTIMIZE", *writes, "OPTIMIZE"]
+    assert spark.read.format("delta").load(ledger).count() == 11  # every row, once
+
+
+def test_a_run_compacts_at_its_first_batch_what_earlier_runs_left_in_the_tables_delta_compacts(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Delta counts only this JVM's files: the job's compactor takes what earlier runs left in
+    the gold tables, the sessions and the ledger at a run's first batch, once, when a table
+    holds ``min_files`` files."""
+    warehouse = str(tmp_path)
+    t.create_tables(spark, warehouse, (t.LEDGER, t.SESSIONS))
+    ledger = f"{warehouse}/{t.LEDGER}"
+    tables = Tables(spark, warehouse, app_id="test-auto-compaction", generation=1)
+    earlier_runs_ledger(spark, tables, 4)
+    assert t.data_files(spark, ledger) == 4
+    compactor = new_compactor(spark, warehouse, min_files=4)
+    assert set(compactor.after_writes([])) == {t.LEDGER}  # the run's first batch; sessions empty
+    assert t.data_files(spark, ledger) == 1 and last_commit(ledger)["operation"] == "OPTIMIZE"
+    assert spark.read.format("delta").load(ledger).count() == 4
+    earlier_runs_ledger(spark, tables, 4, first=4)
+    assert compactor.after_writes([]) == {}  # later batches: Delta's own count
+    assert new_compactor(spark, warehouse, min_files=6).after_writes([]) == {}  # 5 files held
+
+
+def ledger_row(tables: Tables, batch: int) -> None:
+    """The batch's ledger row, as the job writes it."""
+    write_ledger(
+        tables,
+        batch,
+        dim_version=0,
+        ranges={("ad-events", 0): (batch, batch + 1, 1)},
+        counts={"accepted": 1},
+        transactional_id=None,
+        kafka_outcome="disabled",
+        millis={"batch_timestamp": 0, "watermark": 0, "started_at": 0, "finished_at": 0},
+        fresh=True,
+    )
+
+
+def earlier_runs_ledger(spark: SparkSession, tables: Tables, n: int, first: int = 0) -> None:
+    """``n`` ledger rows written as by an earlier JVM: not in this one's counts of small files,
+    so Delta's auto compaction never takes them."""
+    record = "spark.databricks.delta.autoCompact.recordPartitionStats.enabled"
+    spark.conf.set(record, "false")
+    try:
+        for batch in range(first, first + n):
+            ledger_row(tables, batch)
+    finally:
+        spark.conf.unset(record)

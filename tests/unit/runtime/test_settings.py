@@ -113,6 +113,8 @@ def test_spark_conf_local_and_submitted(tmp_path: Path) -> None:
         assert "spark.databricks.delta.autoCompact.enabled" not in conf
         assert int(conf["spark.databricks.delta.autoCompact.maxFileSize"]) == 8 * 1024 * 1024
         assert conf["spark.databricks.delta.autoCompact.minNumFiles"] == "50"
+        # (due by that count alone: test_compaction.py, a restarted job's table)
+        assert conf["spark.databricks.delta.autoCompact.modifiedPartitionsOnly.enabled"] == "false"
     # ... every table by Delta, in the writing thread, over any table's property ...
     delta = spark_conf(Settings.from_env({**env, "ADATTR_COMPACTION": "delta"}))
     assert delta["spark.databricks.delta.autoCompact.enabled"] == "true"
