@@ -89,7 +89,9 @@ class SinkContext:
     # a batch writes anything (its state store files included) and before its Kafka transaction.
     guard: Callable[[], None] | None = None
     # The job compacts the tables a batch appends its records to once this many files have
-    # piled up in one (pipelines/compaction.py); 0: Delta's auto compaction does, or nobody.
+    # piled up in one, and at a run's first batch any other table it writes that earlier runs
+    # left holding this many (pipelines/compaction.py); 0: Delta's auto compaction does, or
+    # nobody.
     compact_files: int = 0
 
 

@@ -132,7 +132,8 @@ class Settings:
             "doc": "who rewrites a table's small files into files of up to 8 MB once "
             "ADATTR_COMPACT_FILES have piled up: job (the tables a batch appends its records to, "
             "by the job itself right after those writes, in a session of its own with compiled "
-            "code; the others by Delta's auto compaction), delta (Delta's auto compaction "
+            "code; the others by Delta's auto compaction, and by the job at a run's first batch "
+            "when earlier runs left that many), delta (Delta's auto compaction "
             "of every table, in the thread that wrote it), off (files pile up, one or more per "
             "table per batch)"
         },

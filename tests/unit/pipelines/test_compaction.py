@@ -231,7 +231,7 @@ def ledger_row(tables: Tables, batch: int) -> None:
 
 def earlier_runs_ledger(spark: SparkSession, tables: Tables, n: int, first: int = 0) -> None:
     """``n`` ledger rows written as by an earlier JVM: not in this one's counts of small files,
-    so Delta's auto compaction never takes them."""
+    which Delta's auto compaction decides by."""
     record = "spark.databricks.delta.autoCompact.recordPartitionStats.enabled"
     spark.conf.set(record, "false")
     try:
