@@ -52,8 +52,13 @@ SESSION_CONF = {
 
 
 # Written by the job, compacted by Delta as their property says (pipelines/tables.py); dim_ads,
-# written by `adattr dim load`, is left to Delta alone.
-DELTA_COMPACTED = (t.ATTRIBUTIONS, t.GOLD_1M, t.CTR_1H, t.SESSIONS, t.LEDGER)
+# written by `adattr dim load`, is left to Delta alone. Derived, so a table given the property
+# later is covered by the run's first-batch check without anyone listing it here.
+DELTA_COMPACTED = tuple(
+    table.name
+    for table in t.TABLES
+    if table.properties.get("delta.autoOptimize.autoCompact") == "true" and table.name != t.DIM_ADS
+)
 
 
 class Compactor:
