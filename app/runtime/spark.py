@@ -200,6 +200,13 @@ def spark_conf(settings: Settings, *, submitted: bool = False) -> dict[str, str]
         # (written before a restart) does: from then on every commit was followed by a
         # compaction of two files (a restarted job's ledger append 1.2 s instead of 0.3 s).
         conf["spark.databricks.delta.autoCompact.modifiedPartitionsOnly.enabled"] = "false"
+        # That count of small files takes only the files a compaction can rewrite (under half
+        # the maximum, its own default). Unset, Delta counts every file a commit adds or
+        # removes (its default there is no limit): once a long-lived job had written
+        # ``compact_files`` files of 4-8 MB to a table (compactions' outputs, big MERGE
+        # rewrites), a compaction was due after every commit, each rewriting the newest one or
+        # two small files or finding nothing to take.
+        conf["spark.databricks.delta.autoCompact.minFileSize"] = str(AUTO_COMPACT_FILE_BYTES // 2)
     if not settings.spark_codegen:
         # Every micro-batch plans new queries whose literals (batch id, watermark, time bounds)
         # are inlined in the generated Java, so no compiled class is ever reused: each batch

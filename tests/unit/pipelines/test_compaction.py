@@ -193,6 +193,41 @@ def test_a_table_delta_compacts_is_compacted_once_due_not_after_every_commit_of_
     assert spark.read.format("delta").load(ledger).count() == 11  # every row, once
 
 
+def test_delta_counts_only_the_small_files_a_compaction_can_take(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Files over half the maximum size are never rewritten by a compaction, so Delta's count
+    of small files leaves them out: three big files and one small one are not due at four, four
+    small ones are. Counting every file, Delta found a compaction due from the first small file
+    on, and a long-lived job that had written the threshold's number of big files to a table
+    had a compaction after every commit."""
+    warehouse = str(tmp_path)
+    t.create_tables(spark, warehouse, (t.DIM_ADS,))
+    dim = f"{warehouse}/{t.DIM_ADS}"
+    with delta_due_at(spark, 4):
+        for seed in range(3):
+            append(random_dim_rows(spark, 5000, 1000, seed), dim, by="ad_id")  # ~5 MB each
+        for seed in range(3, 7):
+            append(random_dim_rows(spark, 2, 8, seed), dim, by="ad_id")
+    history = DeltaTable.forPath(spark, dim).history().orderBy("version").collect()
+    assert [r.operation for r in history] == ["CREATE TABLE", *(["WRITE"] * 7), "OPTIMIZE"]
+    assert history[-1].operationMetrics["numRemovedFiles"] == "4"  # the small ones
+    assert t.data_files(spark, dim) == 4
+    assert spark.read.format("delta").load(dim).count() == 3 * 5000 + 4 * 2
+
+
+def random_dim_rows(spark: SparkSession, n: int, length: int, seed: int) -> DataFrame:
+    """``n`` dimension rows whose ids are random text of ``length`` characters: Parquet
+    compresses none of it, so 5,000 rows of 1,000 make one file of ~5 MB."""
+    return spark.range(n).selectExpr(
+        f"randstr({length}, {seed}) AS ad_id",
+        "'c-1' AS campaign_id",
+        "'adv-1' AS advertiser_id",
+        "CAST(1.5 AS DECIMAL(12, 6)) AS cpm",
+        "CAST(0.2 AS DECIMAL(12, 6)) AS cpc",
+    )
+
+
 def test_a_run_compacts_at_its_first_batch_what_earlier_runs_left_in_the_tables_delta_compacts(
     spark: SparkSession, tmp_path: Path
 ) -> None:

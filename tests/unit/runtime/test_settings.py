@@ -115,6 +115,8 @@ def test_spark_conf_local_and_submitted(tmp_path: Path) -> None:
         assert conf["spark.databricks.delta.autoCompact.minNumFiles"] == "50"
         # (due by that count alone: test_compaction.py, a restarted job's table)
         assert conf["spark.databricks.delta.autoCompact.modifiedPartitionsOnly.enabled"] == "false"
+        # (counting only the files a compaction takes: under half the maximum)
+        assert int(conf["spark.databricks.delta.autoCompact.minFileSize"]) == 4 * 1024 * 1024
     # ... every table by Delta, in the writing thread, over any table's property ...
     delta = spark_conf(Settings.from_env({**env, "ADATTR_COMPACTION": "delta"}))
     assert delta["spark.databricks.delta.autoCompact.enabled"] == "true"
