@@ -337,6 +337,16 @@ def run(
     return session
 
 
+def stop_between_batches(query: StreamingQuery, timeout_s: float = 60.0) -> None:
+    """Stops ``query`` once none of its batches is running, or after ``timeout_s`` whatever it
+    runs. A batch stopped halfway has its writes interrupted (py4j prints each interrupted
+    call's traceback) and is redone by the next run; between batches nothing is half-done."""
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.05)  # a poll: the gap between two batches can be short
+    query.stop()
+
+
 def _run(
     spark: SparkSession,
     settings: Settings,

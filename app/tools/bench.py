@@ -390,7 +390,7 @@ def fixed_cost_worker(
             seconds = int(p["durationMs"].get("triggerExecution", 0)) / 1000
             (data if read[b] else empty).append(seconds)
             (data_steps if read[b] else empty_steps).append(steps[b])
-    query.stop()
+    job.stop_between_batches(query)
     counted = set(progress) - warm
     warehouse = settings.local_warehouse
     assert warehouse is not None, "the bench's warehouse is a local folder (_run_env)"
@@ -534,7 +534,7 @@ def latency_worker(
     while read() < sent and time.monotonic() < deadline:  # until every record is in a batch
         query.awaitTermination(1)
     progress = [json.loads(p.json) for p in query.recentProgress]
-    query.stop()
+    job.stop_between_batches(query)
     stop.set()
     watcher.join()
     for sampler in samplers:
