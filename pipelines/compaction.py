@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 
 from pyspark.sql import SparkSession
 
-from app.runtime.spark import AUTO_COMPACT_FILE_BYTES
+from app.runtime.spark import AUTO_COMPACT_FILE_BYTES, SMALL_FILE_BYTES
 from pipelines import tables as t
 from pipelines.delta_writes import Tables
 
@@ -47,7 +47,7 @@ SESSION_CONF = {
     "spark.sql.codegen.wholeStage": "true",
     "spark.sql.codegen.factoryMode": "FALLBACK",
     "spark.databricks.delta.optimize.maxFileSize": str(AUTO_COMPACT_FILE_BYTES),
-    "spark.databricks.delta.optimize.minFileSize": str(AUTO_COMPACT_FILE_BYTES // 2),
+    "spark.databricks.delta.optimize.minFileSize": str(SMALL_FILE_BYTES),
 }
 
 
@@ -66,9 +66,10 @@ class Compactor:
     last compaction in this run: a write adds at most one file per table partition (one per
     Kafka partition in bronze), so, as Delta's own rule, no partition holds more than
     ``min_files`` new small files. A run's first write to a table also compacts it when the
-    table already holds ``min_files`` files (counted from the checksum file of its latest
+    table already holds ``min_files`` small files (counted from the checksum file of its latest
     version, no Spark job; none there: not due): runs that each write a few batches and stop
-    leave fewer than twice that many small files per partition, however many follow."""
+    leave fewer than twice that many small files per partition, however many follow. Files a
+    compaction would not rewrite are not counted: a table of many big files is not due."""
 
     def __init__(
         self,
@@ -108,7 +109,7 @@ class Compactor:
         return names
 
     def _holds_enough(self, name: str) -> bool:
-        held = t.data_files(self.spark, self.tables.path(name))
+        held = t.small_files(self.spark, self.tables.path(name), SMALL_FILE_BYTES)
         return held is not None and held >= self.min_files
 
     def after_writes(self, written: Iterable[str]) -> dict[str, float]:

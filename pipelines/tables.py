@@ -220,6 +220,26 @@ def data_files(spark: SparkSession, path: str) -> int | None:
     return int(checksum.get().numFiles()) if checksum.isDefined() else None
 
 
+def small_files(spark: SparkSession, path: str, below: int) -> int | None:
+    """The data files under ``below`` bytes in the table's latest version, from the file-size
+    histogram of the checksum file Delta writes after each commit (no Spark job): exact when
+    ``below`` is one of the histogram's bin boundaries (powers of two up to 4 MB, then steps
+    of 4 MB and more), else also counting the bigger files of ``below``'s bin. Every file when
+    the checksum has no histogram; None when that version has no checksum."""
+    checksum = latest_snapshot(spark, path).checksumOpt()
+    if not checksum.isDefined():
+        return None
+    histogram = checksum.get().fileSizeHistogram()
+    if not histogram.isDefined():
+        return int(checksum.get().numFiles())
+    bins = histogram.get()
+    # Each as one string: one py4j call, not one per bin (~95 of them).
+    starts = str(bins.sortedBinBoundaries().mkString(",")).split(",")
+    arrays = spark._jvm.java.util.Arrays  # type: ignore[union-attr]
+    counts = str(arrays.toString(bins.fileCounts())).strip("[]").split(",")
+    return sum(int(n) for start, n in zip(starts, counts, strict=True) if int(start) < below)
+
+
 def latest_snapshot(spark: SparkSession, path: str) -> Any:
     """The table's latest Delta snapshot (a JVM object): lists its log, reads no data."""
     jvm = spark._jvm

@@ -134,8 +134,10 @@ def time_zone_warning(default_zone: str, user_timezone: str | None) -> str | Non
     )
 
 
-# The largest file Delta's auto compaction writes (see spark_conf).
+# The largest file Delta's auto compaction writes (see spark_conf), and the size under which a
+# compaction (Delta's or the job's) rewrites a file: a small file.
 AUTO_COMPACT_FILE_BYTES = 8 * 1024 * 1024
+SMALL_FILE_BYTES = AUTO_COMPACT_FILE_BYTES // 2
 # Hadoop's local file system, answering through java.nio what it otherwise answers by starting
 # a readlink or chmod process (without Hadoop's native library, which no Maven artifact ships):
 # ~200 processes per micro-batch, every Delta commit and file the job writes
@@ -206,7 +208,7 @@ def spark_conf(settings: Settings, *, submitted: bool = False) -> dict[str, str]
         # ``compact_files`` files of 4-8 MB to a table (compactions' outputs, big MERGE
         # rewrites), a compaction was due after every commit, each rewriting the newest one or
         # two small files or finding nothing to take.
-        conf["spark.databricks.delta.autoCompact.minFileSize"] = str(AUTO_COMPACT_FILE_BYTES // 2)
+        conf["spark.databricks.delta.autoCompact.minFileSize"] = str(SMALL_FILE_BYTES)
     if not settings.spark_codegen:
         # Every micro-batch plans new queries whose literals (batch id, watermark, time bounds)
         # are inlined in the generated Java, so no compiled class is ever reused: each batch

@@ -205,10 +205,10 @@ def test_delta_counts_only_the_small_files_a_compaction_can_take(
     t.create_tables(spark, warehouse, (t.DIM_ADS,))
     dim = f"{warehouse}/{t.DIM_ADS}"
     with delta_due_at(spark, 4):
-        for seed in range(3):
-            append(random_dim_rows(spark, 5000, 1000, seed), dim, by="ad_id")  # ~5 MB each
+        for seed in range(3):  # ~5 MB each
+            append(random_rows(spark, t.DIM_ADS, "ad_id", 5000, 1000, seed), dim, by="ad_id")
         for seed in range(3, 7):
-            append(random_dim_rows(spark, 2, 8, seed), dim, by="ad_id")
+            append(random_rows(spark, t.DIM_ADS, "ad_id", 2, 8, seed), dim, by="ad_id")
     history = DeltaTable.forPath(spark, dim).history().orderBy("version").collect()
     assert [r.operation for r in history] == ["CREATE TABLE", *(["WRITE"] * 7), "OPTIMIZE"]
     assert history[-1].operationMetrics["numRemovedFiles"] == "4"  # the small ones
@@ -216,16 +216,39 @@ def test_delta_counts_only_the_small_files_a_compaction_can_take(
     assert spark.read.format("delta").load(dim).count() == 3 * 5000 + 4 * 2
 
 
-def random_dim_rows(spark: SparkSession, n: int, length: int, seed: int) -> DataFrame:
-    """``n`` dimension rows whose ids are random text of ``length`` characters: Parquet
-    compresses none of it, so 5,000 rows of 1,000 make one file of ~5 MB."""
+def random_rows(
+    spark: SparkSession, table: str, column: str, n: int, length: int, seed: int
+) -> DataFrame:
+    """``n`` rows of ``table`` whose ``column`` is random text of ``length`` characters (the
+    others null): Parquet compresses none of it, so 5,000 rows of 1,000 make a file of ~5 MB."""
     return spark.range(n).selectExpr(
-        f"randstr({length}, {seed}) AS ad_id",
-        "'c-1' AS campaign_id",
-        "'adv-1' AS advertiser_id",
-        "CAST(1.5 AS DECIMAL(12, 6)) AS cpm",
-        "CAST(0.2 AS DECIMAL(12, 6)) AS cpc",
+        *(
+            f"randstr({length}, {seed}) AS {f.name}"
+            if f.name == column
+            else f"CAST(NULL AS {f.dataType.simpleString()}) AS {f.name}"
+            for f in t.schema(table)
+        )
     )
+
+
+def test_a_table_of_big_files_is_not_due_at_a_runs_first_write(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A run's first write counts what the table holds already, as Delta's count does: only the
+    files a compaction would rewrite (from the checksum's file-size histogram). Two files of
+    ~5 MB and a small one are not due at two; a second small one is."""
+    warehouse = str(tmp_path)
+    t.create_tables(spark, warehouse, (t.SILVER,))
+    silver = f"{warehouse}/{t.SILVER}"
+    for seed in range(2):
+        append(random_rows(spark, t.SILVER, "user_id", 5000, 1000, seed), silver, by="user_id")
+    append(silver_rows(spark, 0), silver)
+    assert t.data_files(spark, silver) == 3 and t.small_files(spark, silver, 4 << 20) == 1
+    assert new_compactor(spark, warehouse, min_files=2).after_writes([t.SILVER]) == {}
+    append(silver_rows(spark, 1), silver)
+    assert set(new_compactor(spark, warehouse, min_files=2).after_writes([t.SILVER])) == {t.SILVER}
+    assert t.data_files(spark, silver) == 3  # the big two, and the small two as one
+    assert t.small_files(spark, silver, 4 << 20) == 1
 
 
 def test_a_run_compacts_at_its_first_batch_what_earlier_runs_left_in_the_tables_delta_compacts(
