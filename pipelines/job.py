@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import re
 import signal
@@ -337,13 +338,15 @@ def run(
     return session
 
 
-def stop_between_batches(query: StreamingQuery, timeout_s: float = 60.0) -> None:
-    """Stops ``query`` once none of its batches is running, or after ``timeout_s`` whatever it
-    runs. A batch stopped halfway has its writes interrupted (py4j prints each interrupted
-    call's traceback) and is redone by the next run; between batches nothing is half-done."""
-    deadline = time.monotonic() + timeout_s
+def stop_between_batches(query: StreamingQuery, timeout_s: float | None = 60.0) -> None:
+    """Stops ``query`` once none of its batches is running, or after ``timeout_s`` (None: never)
+    whatever it runs. A batch stopped halfway has its writes interrupted (py4j prints each
+    interrupted call's traceback) and is redone by the next run; between batches nothing is
+    half-done. Polled often: a query that falls behind its trigger rests only until the next
+    trigger time (under a second with the job's 1 s trigger) between two batches."""
+    deadline = time.monotonic() + timeout_s if timeout_s is not None else math.inf
     while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
-        time.sleep(0.05)  # a poll: the gap between two batches can be short
+        time.sleep(0.05)
     query.stop()
 
 
@@ -370,8 +373,8 @@ def _run(
             if metrics is not None and progress is not None and progress["batchId"] != reported:
                 metrics.progress(progress)
                 reported = progress["batchId"]
-            if stop_requested and not query.status["isTriggerActive"]:
-                query.stop()  # between batches: nothing half-done to redo
+            if stop_requested:  # however long the batch in flight takes
+                stop_between_batches(query, timeout_s=None)
     except StreamingQueryException as exc:  # awaitTermination raises the query's own failure
         raise JobFailedError(failure_message(str(exc), settings)) from None
     finally:
