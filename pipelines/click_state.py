@@ -13,13 +13,15 @@ gives the answer it gives over all of silver's clicks.
 
 Which ``C``. The data a batch carries holds the latest clicks at or before a watermark ``A``
 (its *as of*: the batch's own watermark ``W_b`` when it folds, else the data's of the batch
-before). When silver holds only this generation's events (``HighWater.silver_exclusive``),
-every silver row was accepted by one of its batches and is later than that batch's watermark,
-so every click at or before ``W_b`` is in silver before batch ``b`` runs and none is added
-after. Hence a fold is the data before folded with silver's clicks in ``(A, W_b]``, a thin
-slice, and a click older than ``W_b - lookback`` is dropped (every conversion a later batch
-attributes is later than ``W_b``: it cannot reach it). A batch folds once its watermark is
-``FOLD_AFTER_MS`` past ``A``, else it carries the data before on.
+before). When every event silver may hold later than ``W_b`` is this generation's own
+(``HighWater.silver_unseen`` is false: silver held only its events when the run started, or
+``W_b`` has passed every event it held then, as after a replay), every silver row later than
+``W_b`` was accepted by one of its batches and is later than that batch's watermark, and no
+other writer adds a row, so every click at or before ``W_b`` is in silver before batch ``b``
+runs and none is added after. Hence a fold is the data before folded with silver's clicks in
+``(A, W_b]``, a thin slice, and a click older than ``W_b - lookback`` is dropped (every
+conversion a later batch attributes is later than ``W_b``: it cannot reach it). A batch folds
+once its watermark is ``FOLD_AFTER_MS`` past ``A``, else it carries the data before on.
 
 Batch ``b`` attributes with the data of ``b - 1`` (written by the batch before, so the
 attribution waits for no fold), and only when every conversion it (re)attributes is later than
@@ -29,8 +31,10 @@ also checked, at millisecond precision, on the batch's first accepted event (whi
 precedes: a re-attributed conversion is later than one of the batch's clicks). Otherwise, or
 when the batch before left no usable marker (``pipelines.carried_state``), it reads the whole
 lookback from silver, as it always did; and without a usable marker, the fold rebuilds the data
-from silver's last lookback once. A generation whose silver holds another's events keeps no
-state and always reads the lookback.
+from silver's last lookback once. While silver may hold later events this generation never saw
+(a replay's or a restart's first minutes, until the watermark passes them), no state is kept:
+each batch reads the lookback, and the first batch past them rebuilds the data (the batch
+before it left no marker).
 """
 
 from __future__ import annotations

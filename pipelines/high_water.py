@@ -61,7 +61,8 @@ class HighWater:
 
     def silver_unseen(self, watermark_ms: int) -> bool:
         """Whether silver may hold an event, later than this watermark, that this run's dedup
-        state never saw (a batch under it must look such events up in silver)."""
+        state never saw (a batch under it must look such events up in silver, and carries no
+        state: ``pipelines.click_state``, ``pipelines.session_writes``)."""
         return not self.silver_exclusive and self.silver_until_ms > watermark_ms
 
     def silver_fresh(self, ranges: dict[tuple[str, int], list[int]], watermark_ms: int) -> bool:

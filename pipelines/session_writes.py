@@ -7,17 +7,21 @@ interval, with Delta's txn ids) and no later batch touches it.
 
 Where the closing sessions come from:
 
-- When silver holds only this generation's events (so the sessions of silver are those of the
-  events its batches accepted) and every event the batch accepts is later than its watermark,
-  the sessions still open are carried from batch to batch (``pipelines.carried_state``, as
-  ``open_sessions``: the rows of the data of batch ``b`` that end after its watermark): the batch
-  folds its accepted events into those open after the batch before and closes the ones its
-  watermark passed. Such an event cannot reach a session that closed before it: that session
-  ended at or before the watermark the event is later than. When the batch before left no
-  usable marker, the open sessions are rebuilt from silver (which then holds this batch's events
-  already) and carried on from there.
-- Otherwise (a replay, a generation that shares silver with another), the closing sessions are
-  recomputed from silver in every batch, and nothing is carried.
+- When every event silver may hold later than the batch's watermark is this generation's own
+  (``HighWater.silver_unseen`` is false: silver held only its events when the run started, or the
+  watermark has passed every event silver held then, as after a replay; so the sessions of silver
+  change only by the events its batches accept) and every event the batch accepts is later than its
+  watermark, the sessions still open are carried from batch to batch (``pipelines.carried_state``,
+  as ``open_sessions``: the rows of the data of batch ``b`` that end after its watermark): the batch
+  folds its accepted events into those open after the batch before and closes the ones its watermark
+  passed. Such an event cannot reach a session that closed before it: that session ended at or
+  before the watermark the event is later than. When the batch before left no usable marker, the
+  open sessions are rebuilt from silver (which then holds this batch's events already, and any other
+  generation's) and carried on from there.
+- Otherwise (a replay's or a restart's first minutes in a generation that shares silver with
+  another, until the watermark passes the events silver held), the closing sessions are
+  recomputed from silver in every batch, and nothing is carried; the first batch after that
+  finds no marker of the batch before and rebuilds.
 """
 
 from __future__ import annotations

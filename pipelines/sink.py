@@ -254,10 +254,14 @@ class AttributionSink:
         # Everything below is derived from silver. A watermark that moved finalises rows (and
         # closes sessions) even in a batch without new events.
         w_prev = previous.watermark_ms if previous is not None else 0
-        # The latest clicks are carried in a generation whose silver is its own only: the
-        # batch attributes with the marker of the batch before it (when it has events to
+        # State is carried while every event silver may hold later than the watermark is this
+        # generation's own: always in a generation whose silver is its own only, and after a
+        # replay (or beside another app id's rows) once the watermark has passed every event
+        # silver held when the run started (``HighWater.silver_unseen``). The latest clicks:
+        # the batch attributes with the marker of the batch before it (when it has events to
         # attribute) and folds its own into it.
-        clicks_start = self.clicks.start(batch_id, previous) if hw.silver_exclusive else None
+        own = not hw.silver_unseen(meta.watermark_ms)
+        clicks_start = self.clicks.start(batch_id, previous) if own else None
         gold_update = GoldUpdate(
             self.tables,
             self.timer,
@@ -277,9 +281,9 @@ class AttributionSink:
                     lambda: gold_update.run(rows if span is not None else None, span),
                 )
             )
-        # The open sessions are carried over when silver holds this generation's events only
-        # and every accepted event is later than the watermark (pipelines/session_writes.py).
-        carried = hw.silver_exclusive and (span is None or span[0] > meta.watermark_ms)
+        # The open sessions are carried over in the same case, when every accepted event is
+        # later than the watermark too (pipelines/session_writes.py).
+        carried = own and (span is None or span[0] > meta.watermark_ms)
         if carried or gold_update.advanced:
             accepted = rows.where(F.col("outcome") == ACCEPTED) if span is not None else None
             gold.append(
@@ -297,7 +301,7 @@ class AttributionSink:
                     ),
                 )
             )
-        if hw.silver_exclusive:  # last: Spark runs the jobs submitted first first
+        if own:  # last: Spark runs the jobs submitted first first
             gold.append(
                 self._timed(
                     "latest_clicks",

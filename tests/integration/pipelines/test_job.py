@@ -35,7 +35,12 @@ from app.tools.replay import (
 from app.tools.verify import diff, observed
 from pipelines import job
 from pipelines import tables as t
+from pipelines.carried_state import CarriedState
+from pipelines.click_state import LATEST_CLICKS
+from pipelines.click_state import SCHEMA as CLICK_SCHEMA
 from pipelines.dimension import upsert_dim_ads
+from pipelines.offset_log import read_batch_meta
+from pipelines.session_writes import open_session_state
 from schemas import ad_event as c
 from tests.builders import event
 from tests.conftest import SecureBroker, isolated_settings
@@ -332,8 +337,11 @@ def test_silver_appends_again_once_the_watermark_passes_the_events_it_held(
     """After the run above (a rewound checkpoint under another app id, as after a replay: the
     dedup state has not seen every event silver holds), silver is a keyed MERGE until a
     batch's watermark reaches the latest event time silver held when the run started; the
-    batches after that append. Nothing is written twice either way: an old event re-sent is
-    late, a new one re-sent while the state holds it a duplicate, and the audit holds."""
+    batches after that append, and carry the open sessions and the latest clicks again (a
+    generation that shares silver used to recompute both from silver in every batch, for
+    good). Nothing is written twice either way: an old event re-sent is late, a new one re-sent
+    while the state holds it a duplicate, the audit holds, and every table equals its
+    recomputation from bronze."""
 
     def load(name: str):  # type: ignore[no-untyped-def]
         return spark.read.format("delta").load(f"{_warehouse(settings)}/{name}")
@@ -364,15 +372,18 @@ def test_silver_appends_again_once_the_watermark_passes_the_events_it_held(
     # them: the first's watermark is behind silver's latest event (MERGE), the second's past it
     # (append); the third accepts nothing, so it writes no silver.
     start = datetime.fromtimestamp(held_ms / 1000, UTC) + timedelta(minutes=10)
-    fresh = [
-        event(
-            f"after-{i:05d}",
-            event_time=iso_millis(start + timedelta(seconds=i)),
-            user_id=latest.user_id,
-            ad_id=golden.dim_rows[0][0],
-        )
-        for i in range(1400)
-    ]
+    ad_id, _campaign, advertiser, *_ = golden.dim_rows[0]
+
+    def fresh_event(i: int) -> dict[str, object]:
+        """Clicks and conversions among them: the batch past silver's events attributes them
+        and folds the clicks, which the reconciliation at the end checks."""
+        at = iso_millis(start + timedelta(seconds=i))
+        name, user = f"after-{i:05d}", latest.user_id
+        if i % 97 == 96:
+            return event(name, "conversion", at, user_id=user, advertiser_id=advertiser)
+        return event(name, "click" if i % 7 == 0 else "impression", at, user_id=user, ad_id=ad_id)
+
+    fresh = [fresh_event(i) for i in range(1400)]
     records = [(resent.raw_key, json.dumps(e).encode()) for e in fresh]
     # The last batch: a new event the dedup state holds (its time is past that batch's watermark,
     # 3 minutes behind the 1,399th event's), and the old event, behind it.
@@ -388,6 +399,14 @@ def test_silver_appends_again_once_the_watermark_passes_the_events_it_held(
     assert ops == ["MERGE", "WRITE"], ops
     ids = load(t.SILVER).where(F.col("event_id").startswith("after-"))
     assert ids.count() == ids.select("event_id").distinct().count() == len(fresh)
+    # Each conversion went to the click before it (seconds earlier, the same user).
+    attributed = {
+        r.conversion_id: r.click_id
+        for r in load(t.ATTRIBUTIONS).where(F.col("conversion_id").startswith("after-")).collect()
+    }
+    conversions = [e["event_id"] for e in fresh if e["event_type"] == "conversion"]
+    assert sorted(attributed) == conversions, attributed
+    assert all(str(click).startswith("after-") for click in attributed.values()), attributed
     assert load(t.SILVER).where(F.col("event_id") == latest.event_id).count() == 1
     after = outcomes()
     assert (after["accepted"], after["duplicate"], after["late"]) == (
@@ -397,6 +416,27 @@ def test_silver_appends_again_once_the_watermark_passes_the_events_it_held(
     )
     checks = audit(spark, _warehouse(settings), KafkaConnection.of(settings))
     assert [c.name for c in checks if not c.ok] == []
+    # The batches past silver's events carried both states: the last one left a marker its
+    # next batch can start from (written by this history's batch, under these settings).
+    checkpoint = job.current_generation(settings.checkpoints).checkpoint
+    last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+    meta = read_batch_meta(checkpoint, last)
+    for store, setting in (
+        (open_session_state(spark, checkpoint), settings.session_gap_seconds),
+        (
+            CarriedState(spark, checkpoint, LATEST_CLICKS, CLICK_SCHEMA),
+            settings.attribution_lookback_seconds,
+        ),
+    ):
+        assert store.marker(last, meta, setting) is not None, store.name
+    diffs = reconcile(
+        spark,
+        _warehouse(settings),
+        max_bytes=settings.max_record_bytes,
+        lookback_seconds=settings.attribution_lookback_seconds,
+        session_gap_seconds=settings.session_gap_seconds,
+    )
+    assert [(d.table, d.missing, d.unexpected) for d in diffs if not d.ok] == []
 
 
 def test_a_replay_counts_a_resend_of_an_event_it_never_read_a_duplicate(
