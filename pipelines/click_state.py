@@ -61,6 +61,10 @@ SCHEMA = (
 )
 
 
+def latest_click_state(spark: SparkSession, checkpoint: Path) -> CarriedState:
+    return CarriedState(spark, checkpoint, LATEST_CLICKS, SCHEMA)
+
+
 @dataclass(frozen=True)
 class CarriedClicks:
     """What a batch attributes with: the latest click per user and advertiser at or before
@@ -81,7 +85,7 @@ class ClickState:
     ) -> None:
         self.tables = tables
         self.spark = spark
-        self.store = CarriedState(spark, checkpoint, LATEST_CLICKS, SCHEMA)
+        self.store = latest_click_state(spark, checkpoint)
         self.lookback_seconds = lookback_seconds
 
     def start(self, batch_id: int, previous: BatchMeta | None) -> Marker | None:

@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 from delta.tables import DeltaTable
@@ -24,7 +25,7 @@ from app.stack.secure_kafka import EVENTS, JOB
 from app.tools.audit import audit
 from app.tools.generator import GenConfig, iso_millis, plan_traffic, produce
 from app.tools.quality import run_quality
-from app.tools.reconcile import reconcile
+from app.tools.reconcile import TableDiff, reconcile
 from app.tools.replay import (
     describe_topic,
     ledger_read_upto,
@@ -35,9 +36,7 @@ from app.tools.replay import (
 from app.tools.verify import diff, observed
 from pipelines import job
 from pipelines import tables as t
-from pipelines.carried_state import CarriedState
-from pipelines.click_state import LATEST_CLICKS
-from pipelines.click_state import SCHEMA as CLICK_SCHEMA
+from pipelines.click_state import latest_click_state
 from pipelines.dimension import upsert_dim_ads
 from pipelines.offset_log import read_batch_meta
 from pipelines.session_writes import open_session_state
@@ -51,6 +50,19 @@ GOLD = (t.ATTRIBUTIONS, t.CTR_1H, t.SESSIONS)
 
 def _warehouse(settings: Settings) -> str:
     return settings.warehouse_uri
+
+
+def _reconcile(
+    spark: SparkSession, settings: Settings, warehouse: Path | None = None
+) -> list[TableDiff]:
+    """``reconcile`` of the warehouse (or a copy of it) under the stream's settings."""
+    return reconcile(
+        spark,
+        _warehouse(settings) if warehouse is None else str(warehouse),
+        max_bytes=settings.max_record_bytes,
+        lookback_seconds=settings.attribution_lookback_seconds,
+        session_gap_seconds=settings.session_gap_seconds,
+    )
 
 
 def _fingerprint(spark: SparkSession, settings: Settings) -> dict[str, tuple[int, str]]:
@@ -210,12 +222,7 @@ def test_reconcile_agrees_with_the_stream_and_names_a_lost_row(
 ) -> None:  # type: ignore[no-untyped-def]
     """Every table recomputed from bronze in one batch job equals what the stream wrote; a copy
     missing one attribution and one silver event is caught in exactly those tables."""
-    tuning = {
-        "max_bytes": settings.max_record_bytes,
-        "lookback_seconds": settings.attribution_lookback_seconds,
-        "session_gap_seconds": settings.session_gap_seconds,
-    }
-    diffs = reconcile(spark, _warehouse(settings), **tuning)
+    diffs = _reconcile(spark, settings)
     assert [(d.table, d.missing, d.unexpected) for d in diffs if not d.ok] == []
     assert {d.table for d in diffs} >= {t.SILVER, t.GOLD_1M, t.ATTRIBUTIONS, t.CTR_1H, t.SESSIONS}
     assert all(d.rows > 0 for d in diffs)
@@ -224,7 +231,7 @@ def test_reconcile_agrees_with_the_stream_and_names_a_lost_row(
     for name, key in ((t.SILVER, "event_id"), (t.ATTRIBUTIONS, "conversion_id")):
         victim = spark.read.format("delta").load(f"{copy}/{name}").orderBy(key).first()
         DeltaTable.forPath(spark, f"{copy}/{name}").delete(F.col(key) == victim[key])
-    broken = {d.table: (d.missing, d.unexpected) for d in reconcile(spark, str(copy), **tuning)}
+    broken = {d.table: (d.missing, d.unexpected) for d in _reconcile(spark, settings, copy)}
     assert broken[t.ATTRIBUTIONS] == (1, 0)
     assert broken[t.SILVER] == (1, 0)
 
@@ -423,20 +430,12 @@ def test_silver_appends_again_once_the_watermark_passes_the_events_it_held(
     meta = read_batch_meta(checkpoint, last)
     for store, setting in (
         (open_session_state(spark, checkpoint), settings.session_gap_seconds),
-        (
-            CarriedState(spark, checkpoint, LATEST_CLICKS, CLICK_SCHEMA),
-            settings.attribution_lookback_seconds,
-        ),
+        (latest_click_state(spark, checkpoint), settings.attribution_lookback_seconds),
     ):
         assert store.marker(last, meta, setting) is not None, store.name
-    diffs = reconcile(
-        spark,
-        _warehouse(settings),
-        max_bytes=settings.max_record_bytes,
-        lookback_seconds=settings.attribution_lookback_seconds,
-        session_gap_seconds=settings.session_gap_seconds,
-    )
-    assert [(d.table, d.missing, d.unexpected) for d in diffs if not d.ok] == []
+    assert [
+        (d.table, d.missing, d.unexpected) for d in _reconcile(spark, settings) if not d.ok
+    ] == []
 
 
 def test_a_replay_counts_a_resend_of_an_event_it_never_read_a_duplicate(
