@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from app.runtime.settings import Settings
@@ -81,16 +81,23 @@ class Carried:
             [], "slide_start timestamp, campaign_id string, impressions long, clicks long"
         )
 
+    def _keep(self, minutes: DataFrame, slides: DataFrame, watermark_ms: int) -> None:
+        """The folded frames become the carried ones, less what the watermark closed (a gold
+        pass writes that final)."""
+        wm = F.timestamp_millis(F.lit(watermark_ms))
+        old_minutes, old_slides = self.minutes, self.slides
+        self.minutes = minutes.drop("_changed").where(F.col("window_end") > wm)
+        self.slides = slides.where(
+            F.col("slide_start") + F.expr("INTERVAL 5 MINUTES") > wm - F.expr("INTERVAL 1 HOUR")
+        )
+        for frame in (old_minutes, old_slides):
+            frame.unpersist()
+
     def fold(
         self, events: DataFrame, clicks: DataFrame, watermark_ms: int, lookback_s: int, t: Timer
     ) -> tuple[list[Any], list[Any]]:
         """Folds one batch's events in; returns the changed minutes and hours (driver rows)."""
-        conversions = events.where(F.col("event_type") == "conversion")
-        attributed = attribute(
-            conversions,
-            clicks.join(conversions.select("user_id").distinct(), "user_id", "left_semi"),
-            lookback_seconds=lookback_s,
-        ).where(F.col("status") == ATTRIBUTED)
+        attributed = _attributed(events, clicks, lookback_s)
         delta = window_metrics(events, attributed).persist(StorageLevel.MEMORY_AND_DISK)
         if not self.one_pull:
             delta.count()
@@ -141,13 +148,7 @@ class Carried:
         )
         # The hours holding a changed slide, each summed over its 12 slides.
         touched = slide_delta.select("slide_start", "campaign_id")
-        hours_of = F.explode(
-            F.sequence(
-                F.col("slide_start") - F.expr("INTERVAL 55 MINUTES"),
-                F.col("slide_start"),
-                F.expr("INTERVAL 5 MINUTES"),
-            )
-        )
+        hours_of = _hour_starts()
         hours = (
             touched.select(hours_of.alias("window_start"), "campaign_id")
             .distinct()
@@ -172,15 +173,8 @@ class Carried:
         else:
             changed_hours = hours.collect()
             t.mark("slides folded, changed hours pulled")
-        # What the watermark closed leaves the carried frames (a gold pass writes it final).
-        wm = F.timestamp_millis(F.lit(watermark_ms))
-        old_minutes, old_slides = self.minutes, self.slides
-        self.minutes = new_minutes.drop("_changed").where(F.col("window_end") > wm)
-        self.slides = new_slides.where(
-            F.col("slide_start") + F.expr("INTERVAL 5 MINUTES") > wm - F.expr("INTERVAL 1 HOUR")
-        )
-        for frame in (old_minutes, old_slides, delta):
-            frame.unpersist()
+        self._keep(new_minutes, new_slides, watermark_ms)
+        delta.unpersist()
         return changed_minutes, changed_hours
 
 
@@ -191,14 +185,7 @@ class LeanCarried(Carried):
     def fold(
         self, events: DataFrame, clicks: DataFrame, watermark_ms: int, lookback_s: int, t: Timer
     ) -> tuple[list[Any], list[Any]]:
-        conversions = events.where(F.col("event_type") == "conversion")
-        attributed = attribute(
-            conversions,
-            clicks.join(
-                F.broadcast(conversions.select("user_id").distinct()), "user_id", "left_semi"
-            ),
-            lookback_seconds=lookback_s,
-        ).where(F.col("status") == ATTRIBUTED)
+        attributed = _attributed(events, clicks, lookback_s, broadcast=True)
         zero, dec9, dec6 = F.lit(0).cast("long"), "decimal(24,9)", "decimal(24,6)"
         minute = F.window("event_time", "1 minute")
         ad_events = events.where(F.col("event_type").isin("impression", "click")).select(
@@ -259,13 +246,7 @@ class LeanCarried(Carried):
             .localCheckpoint(eager=True)
         )
         t.mark("slides folded")
-        hour_starts = F.explode(
-            F.sequence(
-                F.col("slide_start") - F.expr("INTERVAL 55 MINUTES"),
-                F.col("slide_start"),
-                F.expr("INTERVAL 5 MINUTES"),
-            )
-        )
+        hour_starts = _hour_starts()
         touched_hours = slide_rows.select(
             hour_starts.alias("window_start"), "campaign_id"
         ).distinct()
@@ -287,18 +268,35 @@ class LeanCarried(Carried):
             .collect()
         )
         t.mark("changed minutes and hours pulled, one job")
-        wm = F.timestamp_millis(F.lit(watermark_ms))
-        old_minutes, old_slides = self.minutes, self.slides
-        self.minutes = new_minutes.drop("_changed").where(F.col("window_end") > wm)
-        self.slides = new_slides.where(
-            F.col("slide_start") + F.expr("INTERVAL 5 MINUTES") > wm - F.expr("INTERVAL 1 HOUR")
-        )
-        for frame in (old_minutes, old_slides):
-            frame.unpersist()
+        self._keep(new_minutes, new_slides, watermark_ms)
         return (
             [r for r in pulled if r.table == "minute"],
             [r for r in pulled if r.table == "hour"],
         )
+
+
+def _attributed(
+    events: DataFrame, clicks: DataFrame, lookback_s: int, *, broadcast: bool = False
+) -> DataFrame:
+    """The batch's conversions that a carried click precedes, attributed as the job does."""
+    conversions = events.where(F.col("event_type") == "conversion")
+    users = conversions.select("user_id").distinct()
+    return attribute(
+        conversions,
+        clicks.join(F.broadcast(users) if broadcast else users, "user_id", "left_semi"),
+        lookback_seconds=lookback_s,
+    ).where(F.col("status") == ATTRIBUTED)
+
+
+def _hour_starts() -> Column:
+    """The starts of the 12 sliding hours holding the 5-minute slide at ``slide_start``."""
+    return F.explode(
+        F.sequence(
+            F.col("slide_start") - F.expr("INTERVAL 55 MINUTES"),
+            F.col("slide_start"),
+            F.expr("INTERVAL 5 MINUTES"),
+        )
+    )
 
 
 def _as_record(frame: DataFrame, *keys: str) -> DataFrame:
