@@ -5,7 +5,10 @@ yet, kept as cached frames from batch to batch; a batch of BATCH new events (ben
 conversions, attributed from carried latest clicks) folds into them and pulls its changed
 minutes and hours to the driver, which is what a batch would publish. No Delta, no Kafka: the
 job's Spark session and settings, synthetic rows, ROUNDS batches after WARM warm-ups; prints each
-step's median and range, and the carried state's size.
+step's median and range and the carried state's size, then checks the carried frames against the
+same windows recomputed from every event at once. ``--lean`` folds each frame by one aggregation
+over a union; ``--one-pull`` pulls the changed minutes and hours by one job (README, "The open
+windows carried in the JVM").
 
     .venv/bin/python infra/bench/carried_windows.py --batch 1000 --rounds 20
 
