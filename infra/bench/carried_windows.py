@@ -29,11 +29,14 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from app.runtime.settings import Settings
 from app.runtime.spark import build_spark
-from pipelines.gold import ATTRIBUTED, attribute, window_metrics
+from pipelines import tables as t
+from pipelines.gold import ATTRIBUTED, CTR_SLIDE, WINDOW, attribute, window_metrics
 from pipelines.gold_writes import HOUR_MS, MINUTE_MS
+from pipelines.timing import StepTimer
 
 WATERMARK_MS = 10 * MINUTE_MS
 MINUTE_VALUES = ("impressions", "clicks", "spend", "conversions", "revenue")
@@ -74,11 +77,10 @@ class Carried:
 
     def __init__(self, spark: SparkSession, *, one_pull: bool = False) -> None:
         self.one_pull = one_pull
+        # gold_ad_metrics_1m's columns, less those the sink stamps on a written row.
+        stamped = {"is_final", "generation", "batch_id"}
         self.minutes = spark.createDataFrame(
-            [],
-            "window_start timestamp, window_end timestamp, ad_id string, campaign_id string, "
-            "advertiser_id string, impressions long, clicks long, spend decimal(24,9), "
-            "conversions long, revenue decimal(24,6)",
+            [], StructType([f for f in t.schema(t.GOLD_1M).fields if f.name not in stamped])
         )
         self.slides = spark.createDataFrame(
             [], "slide_start timestamp, campaign_id string, impressions long, clicks long"
@@ -97,14 +99,19 @@ class Carried:
             frame.unpersist()
 
     def fold(
-        self, events: DataFrame, clicks: DataFrame, watermark_ms: int, lookback_s: int, t: Timer
+        self,
+        events: DataFrame,
+        clicks: DataFrame,
+        watermark_ms: int,
+        lookback_s: int,
+        timer: StepTimer,
     ) -> tuple[list[Any], list[Any]]:
         """Folds one batch's events in; returns the changed minutes and hours (driver rows)."""
         attributed = _attributed(events, clicks, lookback_s)
         delta = window_metrics(events, attributed).persist(StorageLevel.MEMORY_AND_DISK)
         if not self.one_pull:
             delta.count()
-            t.mark("batch's window deltas (attribution included)")
+            timer.mark("batch's window deltas (attribution included)")
         keys = ["window_start", "ad_id"]
         old = self.minutes.alias("o")
         summed = (
@@ -127,8 +134,8 @@ class Carried:
         new_minutes = summed.localCheckpoint(eager=True)
         changed = new_minutes.where("_changed").drop("_changed")
         changed_minutes = [] if self.one_pull else changed.collect()
-        t.mark("minutes folded" + ("" if self.one_pull else ", changed ones pulled"))
-        slide = F.window("window_start", "5 minutes").start
+        timer.mark("minutes folded" + ("" if self.one_pull else ", changed ones pulled"))
+        slide = F.window("window_start", CTR_SLIDE).start
         slide_delta = (
             delta.where((F.col("impressions") > 0) | (F.col("clicks") > 0))
             .groupBy(slide.alias("slide_start"), "campaign_id")
@@ -164,7 +171,7 @@ class Carried:
             .agg(F.sum("s.impressions").alias("impressions"), F.sum("s.clicks").alias("clicks"))
         )
         if self.one_pull:  # both as the (key, value) strings a batch publishes, in one job
-            t.mark("slides folded")
+            timer.mark("slides folded")
             pulled = (
                 _as_record(changed, "window_start", "ad_id")
                 .unionByName(_as_record(hours, "window_start", "campaign_id"))
@@ -172,10 +179,10 @@ class Carried:
             )
             changed_minutes = [r for r in pulled if r.table == "minute"]
             changed_hours = [r for r in pulled if r.table == "hour"]
-            t.mark("changed minutes and hours pulled, one job")
+            timer.mark("changed minutes and hours pulled, one job")
         else:
             changed_hours = hours.collect()
-            t.mark("slides folded, changed hours pulled")
+            timer.mark("slides folded, changed hours pulled")
         self._keep(new_minutes, new_slides, watermark_ms)
         delta.unpersist()
         return changed_minutes, changed_hours
@@ -186,11 +193,16 @@ class LeanCarried(Carried):
     the batch's contributions) instead of two aggregates and a full join per frame."""
 
     def fold(
-        self, events: DataFrame, clicks: DataFrame, watermark_ms: int, lookback_s: int, t: Timer
+        self,
+        events: DataFrame,
+        clicks: DataFrame,
+        watermark_ms: int,
+        lookback_s: int,
+        timer: StepTimer,
     ) -> tuple[list[Any], list[Any]]:
         attributed = _attributed(events, clicks, lookback_s, broadcast=True)
         zero, dec9, dec6 = F.lit(0).cast("long"), "decimal(24,9)", "decimal(24,6)"
-        minute = F.window("event_time", "1 minute")
+        minute = F.window("event_time", WINDOW)
         ad_events = events.where(F.col("event_type").isin("impression", "click")).select(
             minute.start.alias("window_start"),
             minute.end.alias("window_end"),
@@ -203,7 +215,7 @@ class LeanCarried(Carried):
             zero.alias("conversions"),
             F.lit(0).cast(dec6).alias("revenue"),
         )
-        conv_minute = F.window("conversion_time", "1 minute")
+        conv_minute = F.window("conversion_time", WINDOW)
         converted = attributed.select(
             conv_minute.start.alias("window_start"),
             conv_minute.end.alias("window_end"),
@@ -232,9 +244,9 @@ class LeanCarried(Carried):
             .select(*self.minutes.columns, "_changed")
             .localCheckpoint(eager=True)
         )
-        t.mark("minutes folded")
+        timer.mark("minutes folded")
         slide_rows = ad_events.select(
-            F.window("window_start", "5 minutes").start.alias("slide_start"),
+            F.window("window_start", CTR_SLIDE).start.alias("slide_start"),
             "campaign_id",
             "impressions",
             "clicks",
@@ -248,7 +260,7 @@ class LeanCarried(Carried):
             )
             .localCheckpoint(eager=True)
         )
-        t.mark("slides folded")
+        timer.mark("slides folded")
         hour_starts = _hour_starts()
         touched_hours = slide_rows.select(
             hour_starts.alias("window_start"), "campaign_id"
@@ -270,7 +282,7 @@ class LeanCarried(Carried):
             .unionByName(_as_record(hours, "window_start", "campaign_id"))
             .collect()
         )
-        t.mark("changed minutes and hours pulled, one job")
+        timer.mark("changed minutes and hours pulled, one job")
         self._keep(new_minutes, new_slides, watermark_ms)
         return (
             [r for r in pulled if r.table == "minute"],
@@ -309,17 +321,6 @@ def _as_record(frame: DataFrame, *keys: str) -> DataFrame:
         F.to_json(F.struct(*keys)).alias("k"),
         F.to_json(F.struct(*frame.columns)).alias("v"),
     )
-
-
-class Timer:
-    def __init__(self) -> None:
-        self.steps: dict[str, float] = {}
-        self.last = time.monotonic()
-
-    def mark(self, step: str) -> None:
-        now = time.monotonic()
-        self.steps[step] = now - self.last
-        self.last = now
 
 
 def main() -> int:
@@ -363,8 +364,8 @@ def main() -> int:
         )
         events.count()
         watermark = args.base + (first + args.batch - 1) * args.step_ms - WATERMARK_MS
-        timer = Timer()
-        started = timer.last
+        started = time.monotonic()
+        timer = StepTimer()
         minutes, hours = carried.fold(events, clicks, watermark, lookback, timer)
         events.unpersist()
         if b >= args.warm:
@@ -402,7 +403,7 @@ def _check(
     )
     slides = (
         every.where((F.col("impressions") > 0) | (F.col("clicks") > 0))
-        .groupBy(F.window("window_start", "5 minutes").start.alias("slide_start"), "campaign_id")
+        .groupBy(F.window("window_start", CTR_SLIDE).start.alias("slide_start"), "campaign_id")
         .agg(
             F.sum("impressions").cast("long").alias("impressions"),
             F.sum("clicks").cast("long").alias("clicks"),
