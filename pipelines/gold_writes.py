@@ -3,7 +3,8 @@ with Delta's txn ids, recomputed from silver where the batch's events can have c
 finalised where the watermark passed their end (the functions of ``pipelines.gold`` applied to
 bounded slices of silver; in a batch without accepted events, finalised by an UPDATE whose own
 condition makes it idempotent). Rows are set, never added to, so a re-executed or replayed
-batch writes the same rows.
+batch writes the same rows. The sliding hours are written by the batches that make an hourly
+pass (``pipelines.hourly_pass``), over every minute changed since the last one.
 
 Every row ending at or before the previous batch's watermark is final already (the batch that
 moved the watermark past it wrote it final or finalised it), so a batch reads and rewrites only
@@ -35,6 +36,7 @@ from pipelines.gold import (
     reopened,
     window_metrics,
 )
+from pipelines.hourly_pass import HourlyPass, union
 from pipelines.timing import StepTimer
 from pipelines.transforms import ACCEPTED
 
@@ -80,7 +82,8 @@ class GoldUpdate:
     (each takes its commit's note from its session's confs, as a MERGE its Delta txn ids: in
     one shared session, the first to finish would unset the others' note). ``carried_clicks``:
     the latest clicks the batch may attribute with (``pipelines.click_state``; None: it reads
-    silver's lookback)."""
+    silver's lookback). ``hourly``: the batch's pass over the sliding hours (None: it leaves
+    them to a later batch)."""
 
     def __init__(
         self,
@@ -94,6 +97,7 @@ class GoldUpdate:
         lookback_seconds: int,
         sessions: tuple[SparkSession, ...] = (),
         carried_clicks: CarriedClicks | None = None,
+        hourly: HourlyPass | None = None,
     ) -> None:
         self.tables = tables
         self.spark = tables.spark
@@ -105,10 +109,16 @@ class GoldUpdate:
         self.counts = counts
         self.lookback = lookback_seconds
         self.carried_clicks = carried_clicks
+        self.hourly = hourly
 
     @property
     def advanced(self) -> bool:
         return self.watermark_ms > self.w_prev
+
+    @property
+    def due(self) -> bool:
+        """Whether a batch without accepted events has anything to write."""
+        return self.advanced or self.hourly is not None
 
     def on(self, spark: SparkSession) -> GoldUpdate:
         """The same update, reading and writing through another session."""
@@ -116,38 +126,61 @@ class GoldUpdate:
         other.spark = spark
         return other
 
-    def run(self, rows: DataFrame | None, span: tuple[int, int] | None) -> None:
-        """The attributions, the 1-minute windows (which count attributed conversions) and the
-        sliding hours (sums of 1-minute windows), in that order, for the batch's classified
-        ``rows`` (None: no accepted event) and its accepted events' time ``span``. (Run at
-        once, from sources that anticipate each other's results, they took longer here: on
-        two cores their jobs only queue behind each other.)
+    def since(self, w_prev: int) -> GoldUpdate:
+        """The same update, finalising what the watermark passed since ``w_prev``."""
+        other = copy.copy(self)
+        other.w_prev = w_prev
+        return other
 
-        A batch without accepted events recomputes nothing: it only finalises the rows its
-        watermark passed, which depend on nothing but each table's own rows, so the three
-        tables are finalised at once, each in its own session, each by one UPDATE."""
+    def run(self, rows: DataFrame | None, span: tuple[int, int] | None) -> None:
+        """The attributions, the 1-minute windows (which count attributed conversions) and,
+        in a batch that makes an hourly pass, the sliding hours (sums of 1-minute windows), in
+        that order, for the batch's classified ``rows`` (None: no accepted event) and its
+        accepted events' time ``span``. (Run at once, from sources that anticipate each
+        other's results, they took longer here: on two cores their jobs only queue behind
+        each other.)
+
+        A batch without accepted events recomputes nothing but the hours a pass owes: it
+        finalises the rows its watermark passed, which depend on nothing but each table's own
+        rows, so the three tables are done at once, each in its own session, each by one
+        UPDATE (the hours by a MERGE when minutes changed since the last pass)."""
         if rows is None:
-            if not self.advanced:
-                return
             at_once = len(self.sessions) >= 2
             one, two = (
                 (self.on(self.sessions[0]), self.on(self.sessions[1])) if at_once else (self, self)
             )
-            run_concurrently(
-                [
+            writes = [lambda: two.pass_hours(None)] if self.hourly is not None else []
+            if self.advanced:
+                writes = [
                     lambda: self._finalise(t.ATTRIBUTIONS, "conversion_time"),
                     lambda: one._finalise(t.GOLD_1M, "window_end"),
-                    lambda: two._finalise(t.CTR_1H, "window_end"),
-                ],
-                together=at_once,
-            )
+                    *writes,
+                ]
+            run_concurrently(writes, together=at_once)
             return
         assert span is not None, "a batch with accepted events has their time span"
         reattributed = self._attributions(rows, span)
+        minutes = span
         if reattributed is not None:  # pending conversions a new click now precedes
-            span = (min(span[0], reattributed[0]), max(span[1], reattributed[1]))
-        self._minutes(span)
-        self._hours(span)
+            minutes = (min(span[0], reattributed[0]), max(span[1], reattributed[1]))
+        self._minutes(minutes)
+        # Hours sum impressions and clicks alone: a re-attributed conversion changes none.
+        self.pass_hours(span)
+
+    def pass_hours(self, span: tuple[int, int] | None) -> None:
+        """The batch's hourly pass (``hourly``; none: nothing), once the 1-minute table holds
+        the batch's rows: the hours holding a minute of ``span`` (the batch's accepted events)
+        or of the minutes changed since the last pass recomputed from the 1-minute table, and
+        the hours the watermark passed since then finalised (by an UPDATE when no minute
+        changed)."""
+        if self.hourly is None:
+            return
+        at = self.since(self.hourly.since_ms)
+        changed = union(self.hourly.pending, span)
+        if changed is not None:
+            at._hours(changed)
+        elif at.advanced:
+            at._finalise(t.CTR_1H, "window_end")
 
     def _attributions(self, rows: DataFrame, span: tuple[int, int]) -> tuple[int, int] | None:
         """MERGEs the attributions; returns the conversion-time span it (re)attributed."""

@@ -29,6 +29,9 @@ yet, and that is decidable once per run:
 - Closed sessions are written in the watermark interval ``(w_prev, w_cur]`` of their end: a
   batch appends when every session the table held at the start ended at or before ``w_prev``.
 
+One mark is of another kind: how far the sliding-hour table may be behind the 1-minute table
+(``hours_behind``), which the run's first hourly pass covers (``pipelines.hourly_pass``).
+
 The marks are read as the run starts (``pipelines.job.start``, before its query does), so
 before anything of the run is written, under the checkpoint's run lock
 (``pipelines.job.exclusive``), so no other writer can add rows behind them.
@@ -54,6 +57,10 @@ class HighWater:
     session_end_ms: int  # latest session_end held (NEVER: no session)
     silver_exclusive: bool  # silver held only this app id's events
     silver_until_ms: int  # latest event time silver held (NEVER: no row)
+    # The time span of the 1-minute rows at or after the latest end of a final hourly row (all
+    # of them when none is final; None: no such row): every hour the runs before may have left
+    # behind holds one of them (pipelines/hourly_pass.py).
+    hours_behind: tuple[int, int] | None = None
 
     def records_fresh(self, ranges: dict[tuple[str, int], list[int]]) -> bool:
         """Whether a batch reading these (from, to, n) offset ranges can append its records."""
@@ -78,8 +85,9 @@ class HighWater:
 
 
 def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation: int) -> HighWater:
-    """The marks, from seven small queries run at once: each first loads its table's snapshot
-    (~0.7 s of mostly driver-side work on a cold run), one after another they cost ~5 s."""
+    """The marks, from nine small queries run four at once: each first loads its table's
+    snapshot (~0.7 s of mostly driver-side work on a cold run), one after another seven cost
+    ~5 s."""
 
     def load(name: str) -> DataFrame:
         return spark.read.format("delta").load(f"{warehouse}/{name}")
@@ -116,9 +124,21 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
     def sessions() -> Row | None:
         return load(t.SESSIONS).agg(F.expr("unix_millis(max(session_end))")).first()
 
+    def hours_behind() -> tuple[int, int] | None:
+        final = load(t.CTR_1H).where("is_final").agg(F.expr("unix_millis(max(window_end))"))
+        end = final.first()
+        minutes = load(t.GOLD_1M)
+        if end is not None and end[0] is not None:
+            minutes = minutes.where(F.col("window_start") >= F.timestamp_millis(F.lit(end[0])))
+        span = minutes.agg(
+            F.expr("unix_millis(min(window_start))"), F.expr("unix_millis(max(window_start))")
+        ).first()
+        return (int(span[0]), int(span[1])) if span is not None and span[0] is not None else None
+
     with ThreadPoolExecutor(4, thread_name_prefix="adattr-high-water") as pool:
         per_table = [pool.submit(offsets_of, name) for name in t.RECORD_TABLES]
         ledger_f, silver_f, sessions_f = (pool.submit(f) for f in (ledger, silver, sessions))
+        behind_f = pool.submit(hours_behind)
         offsets: dict[tuple[str, int], int] = {}
         for future in per_table:
             for r in future.result():
@@ -135,4 +155,5 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
         int(ended[0]) if ended and ended[0] is not None else NEVER,
         silver_exclusive,
         int(held.until) if held.until is not None else NEVER,
+        behind_f.result(),
     )

@@ -285,6 +285,7 @@ def start(
             observer=notify if observers else None,
             guard=guard,
             compact_files=settings.compact_files if settings.compaction == "job" else 0,
+            hourly_every=settings.hourly_every,
         ),
         dims=dims,
         high_water=high_water,
@@ -299,7 +300,22 @@ def start(
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime=settings.trigger_interval)
-    return writer.start()
+    query = writer.start()
+    _sinks[query.id] = sink
+    return query
+
+
+# The sink of each query this process started, for ``finish``.
+_sinks: dict[str, AttributionSink] = {}
+
+
+def finish(query: StreamingQuery) -> None:
+    """After ``query`` stopped between batches (or drained the topic, available-now): the
+    writes its batches left to the stop (the sliding hours' pass, ``pipelines.hourly_pass``).
+    Nothing after a failed query: its next run's first batch makes them."""
+    sink = _sinks.pop(query.id, None)
+    if sink is not None and not query.isActive and query.exception() is None:
+        sink.finish()
 
 
 def run(
@@ -348,6 +364,7 @@ def stop_between_batches(query: StreamingQuery, timeout_s: float | None = 60.0) 
     while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
         time.sleep(0.05)
     query.stop()
+    finish(query)
 
 
 def _run(
@@ -383,3 +400,4 @@ def _run(
     error = query.exception()
     if error is not None:
         raise JobFailedError(failure_message(str(error), settings))
+    finish(query)  # a second time after a stop requested above: nothing

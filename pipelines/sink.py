@@ -47,6 +47,7 @@ from pipelines.delta_writes import Tables, described, run_concurrently
 from pipelines.dimension import DimSnapshots
 from pipelines.gold_writes import GoldUpdate
 from pipelines.high_water import HighWater
+from pipelines.hourly_pass import HourlyPasses
 from pipelines.ledger import write_ledger
 from pipelines.offset_log import BatchMeta, read_batch_meta
 from pipelines.publish import Publisher
@@ -93,6 +94,9 @@ class SinkContext:
     # left holding this many (pipelines/compaction.py); 0: Delta's auto compaction does, or
     # nobody.
     compact_files: int = 0
+    # The sliding-hour table is brought up to date every this many batches (and by a run's
+    # first batch and at its stop: pipelines/hourly_pass.py); 1: by every batch.
+    hourly_every: int = 1
 
 
 class AttributionSink:
@@ -142,6 +146,7 @@ class AttributionSink:
             if ctx.compact_files
             else None
         )
+        self.hourly = HourlyPasses(ctx.hourly_every, high_water.hours_behind)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         self._guard()
@@ -262,6 +267,7 @@ class AttributionSink:
         # attribute) and folds its own into it.
         own = not hw.silver_unseen(meta.watermark_ms)
         clicks_start = self.clicks.start(batch_id, previous) if own else None
+        hourly = self.hourly.plan(batch_id, own=own)
         gold_update = GoldUpdate(
             self.tables,
             self.timer,
@@ -272,9 +278,10 @@ class AttributionSink:
             lookback_seconds=self.ctx.lookback_seconds,
             sessions=self.gold_sessions,
             carried_clicks=self.clicks.carried(clicks_start) if span is not None else None,
+            hourly=hourly,
         )
         gold: list[Callable[[], None]] = []
-        if span is not None or gold_update.advanced:
+        if span is not None or gold_update.due:
             gold.append(
                 self._timed(
                     "attributions+1m+ctr",
@@ -341,6 +348,32 @@ class AttributionSink:
         )
         self.timer.mark("ledger")
         crash_point(self.ctx.crash_at, "after_ledger_before_commit_log")
+        self.hourly.done(batch_id, meta.watermark_ms, span, hourly)
+
+    def finish(self) -> None:
+        """Once the query has stopped between batches: the hourly pass the batches since the
+        last one owe (``pipelines.hourly_pass``), as the last batch would have made it, with
+        its id and watermark (and its Delta txn ids: a MERGE the last batch made itself is not
+        made twice)."""
+        owed = self.hourly.at_stop()
+        if owed is None:
+            return
+        batch_id, watermark_ms, plan = owed
+        self._guard()
+        self.timer = StepTimer()
+        counts: dict[str, int] = {}
+        GoldUpdate(
+            self.tables,
+            self.timer,
+            batch_id,
+            w_prev=plan.since_ms,
+            watermark_ms=watermark_ms,
+            counts=counts,
+            lookback_seconds=self.ctx.lookback_seconds,
+            hourly=plan,
+        ).pass_hours(None)
+        self.hourly.done(batch_id, watermark_ms, None, plan)
+        log.info("hourly pass after batch %d: %s | %s", batch_id, counts, self.timer.describe())
 
     def _timed(self, name: str, write: Callable[[], object]) -> Callable[[], None]:
         """``write``, timed as ``name`` and its Spark jobs described by it."""

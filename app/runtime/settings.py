@@ -142,6 +142,13 @@ class Settings:
         default=50,
         metadata={"doc": "the files a table gathers before its small ones are compacted"},
     )
+    hourly_every: int = field(
+        default=5,
+        metadata={
+            "doc": "the sliding-hour table (published to no one) is brought up to date by every "
+            "this many batches, by a run's first batch and at its stop; 1: by every batch"
+        },
+    )
     local_file_system: bool = field(
         default=True,
         metadata={
@@ -341,6 +348,8 @@ class Settings:
                 fail(name, "must be at least 1")
         if self.compact_files < 2:
             fail("compact_files", "must be at least 2 (one file is never compacted)")
+        if self.hourly_every < 1:
+            fail("hourly_every", "must be at least 1 (1: every batch)")
         if any(not o.startswith("-") for o in self.java_options):
             fail("jvm_options", "expected JVM options, each starting with '-'")
         if self.max_offsets_per_trigger < 0:

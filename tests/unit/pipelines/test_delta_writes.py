@@ -27,6 +27,7 @@ from pipelines.delta_writes import (
     table_version,
 )
 from pipelines.gold_writes import GoldUpdate
+from pipelines.hourly_pass import HourlyPass
 from pipelines.ledger import write_ledger
 from pipelines.offset_log import BatchMeta
 from pipelines.published_rows import changed_records
@@ -645,6 +646,7 @@ def test_a_batch_of_none_finalises_the_three_gold_tables_at_once_each_commit_not
         counts=counts,
         lookback_seconds=600,
         sessions=sessions,
+        hourly=HourlyPass(T0_MS),  # the batch passes over the sliding hours
     ).run(None, None)
     assert counts == {f"{n}_rows": 1 for n in names}
     assert set(tables.versions) == set(names)

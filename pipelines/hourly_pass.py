@@ -1,0 +1,103 @@
+"""When the sliding-hour table (``gold_campaign_ctr_1h``) is brought up to date: not by every
+batch, by a *pass* every ``every`` batches, and by a run's first batch and its stop.
+
+Why it may lag. The hourly rows are published to no one (``schemas.ad_metrics.PUBLISHED``: the
+1-minute windows and the attributions are): they are a pure function of the 1-minute table,
+``campaign_ctr`` of its impressions and clicks, and that table is written by every batch. A
+pass recomputes, from the 1-minute table as it is then, every hour holding a minute that a batch
+since the last pass changed, and finalises every hour whose end the watermark passed since
+then: the rows it writes are those a MERGE in each of those batches would have left, because
+each hour is set from the minutes as they are, never added to. So which batch passes changes
+when the table is up to date, never what it holds once it is; the hourly MERGE costs a data
+batch ~1.5-2 s (README "Performance"), and a pass of ``every`` batches costs about one.
+
+What a pass covers. A batch changes only minutes of its accepted events (hours sum impressions
+and clicks alone, so a re-attributed conversion changes no hour), each later than its
+watermark, so the batches since a pass changed minutes in the span of their accepted events,
+all later than the watermark the pass was made at. Within a run that span is kept here. A run
+does not know what the runs before it left undone (a crash between passes), so its first
+batch passes over every hour that can be behind: every hour ending after the latest final
+hourly row (``HighWater.hours_behind``; a pass finalises every hour the watermark has passed,
+so no minute of a later batch lies in a final hour: its events are later than that pass's
+watermark), from the 1-minute rows at or after that end. A batch under a replay's first
+watermarks (``HighWater.silver_unseen``) may accept events anywhere, so it passes itself,
+every time, as every batch did before.
+
+The stop. ``finish`` passes once the query has stopped between batches, so a table read after
+a run (``verify``, ``reconcile``, a quality check) is up to date; a run that ends otherwise (a
+crash) leaves it to the next run's first batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Span = tuple[int, int]
+
+
+def union(a: Span | None, b: Span | None) -> Span | None:
+    """The smallest span holding both (None: neither)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return min(a[0], b[0]), max(a[1], b[1])
+
+
+@dataclass(frozen=True)
+class HourlyPass:
+    """What one pass does: recompute the hours holding a minute of ``pending`` (event-time
+    span, epoch ms; None: no minute changed since the last pass) and finalise the hours ending
+    after ``since_ms`` (the watermark of the last pass; 0: every hour not final yet) up to the
+    batch's watermark."""
+
+    since_ms: int
+    pending: Span | None = None
+
+
+class HourlyPasses:
+    """The passes of one run: which batch passes, over what."""
+
+    def __init__(self, every: int, behind: Span | None) -> None:
+        assert every >= 1, "a pass every batch at least once in every `every`"
+        self.every = every
+        # The 1-minute rows this run's first pass must cover (``HighWater.hours_behind``).
+        self.behind = behind
+        self.passed = False  # whether this run has passed yet
+        self.since_ms = 0  # the watermark of this run's last pass
+        self.pending: Span | None = None  # accepted events' span since that pass
+        self.last: tuple[int, int] | None = None  # (batch id, watermark) of the last batch
+
+    def plan(self, batch_id: int, *, own: bool) -> HourlyPass | None:
+        """The pass batch ``batch_id`` makes; None when it leaves the table to a later batch.
+        ``own``: whether every event it can accept is later than every hourly row already final
+        (``HighWater.silver_unseen`` false); else it passes, so a crash cannot leave a final
+        hour behind that the next run's first pass would not look at."""
+        if self.passed and own and batch_id % self.every:
+            return None
+        return self._pass()
+
+    def done(
+        self, batch_id: int, watermark_ms: int, span: Span | None, plan: HourlyPass | None
+    ) -> None:
+        """Batch ``batch_id`` (its accepted events' ``span``) has completed with ``plan``; or,
+        after the stop, the stop's pass (``span`` None)."""
+        self.last = (batch_id, watermark_ms)
+        if plan is None:
+            self.pending = union(self.pending, span)
+            return
+        self.passed, self.behind, self.pending = True, None, None
+        self.since_ms = watermark_ms
+
+    def at_stop(self) -> tuple[int, int, HourlyPass] | None:
+        """The pass to make once the query has stopped: (batch id and watermark of the last
+        batch, the pass); None when the table is up to date (or no batch ran)."""
+        if self.last is None:
+            return None
+        batch_id, watermark_ms = self.last
+        if self.passed and self.pending is None and watermark_ms <= self.since_ms:
+            return None
+        return batch_id, watermark_ms, self._pass()
+
+    def _pass(self) -> HourlyPass:
+        if not self.passed:  # a run's first: whatever earlier runs left behind, every due hour
+            return HourlyPass(0, union(self.behind, self.pending))
+        return HourlyPass(self.since_ms, self.pending)
