@@ -305,7 +305,8 @@ def start(
     return query
 
 
-# The sink of each query this process started, for ``finish``.
+# The sink of each query this process started, until ``finish`` (a query stopped without it
+# keeps its sink here; the tests' crash-like stops do).
 _sinks: dict[str, AttributionSink] = {}
 
 
@@ -395,9 +396,11 @@ def _run(
     except StreamingQueryException as exc:  # awaitTermination raises the query's own failure
         raise JobFailedError(failure_message(str(exc), settings)) from None
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        try:  # still under the handlers above: a SIGTERM now waits for the pass too
+            finish(query)  # nothing after a failure, or a second time after a requested stop
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
     error = query.exception()
     if error is not None:
         raise JobFailedError(failure_message(str(error), settings))
-    finish(query)  # a second time after a stop requested above: nothing
