@@ -133,12 +133,12 @@ class GoldUpdate:
         return other
 
     def run(self, rows: DataFrame | None, span: tuple[int, int] | None) -> None:
-        """The attributions, the 1-minute windows (which count attributed conversions) and,
-        in a batch that makes an hourly pass, the sliding hours (sums of 1-minute windows), in
+        """The attributions and the 1-minute windows (which count attributed conversions), in
         that order, for the batch's classified ``rows`` (None: no accepted event) and its
-        accepted events' time ``span``. (Run at once, from sources that anticipate each
-        other's results, they took longer here: on two cores their jobs only queue behind
-        each other.)
+        accepted events' time ``span``; the batch's hourly pass comes after its Kafka
+        transaction (``pass_hours``: the table is published to no one). (Run at once, from
+        sources that anticipate each other's results, the gold MERGEs took longer here: on two
+        cores their jobs only queue behind each other.)
 
         A batch without accepted events recomputes nothing but the hours a pass owes: it
         finalises the rows its watermark passed, which depend on nothing but each table's own
@@ -164,13 +164,12 @@ class GoldUpdate:
         if reattributed is not None:  # pending conversions a new click now precedes
             minutes = (min(span[0], reattributed[0]), max(span[1], reattributed[1]))
         self._minutes(minutes)
-        # Hours sum impressions and clicks alone: a re-attributed conversion changes none.
-        self.pass_hours(span)
 
     def pass_hours(self, span: tuple[int, int] | None) -> None:
         """The batch's hourly pass (``hourly``; none: nothing), once the 1-minute table holds
-        the batch's rows: the hours holding a minute of ``span`` (the batch's accepted events)
-        or of the minutes changed since the last pass recomputed from the 1-minute table, and
+        the batch's rows: the hours holding a minute of ``span`` (the batch's accepted events:
+        hours sum impressions and clicks alone, so a re-attributed conversion changes none) or
+        of the minutes changed since the last pass recomputed from the 1-minute table, and
         the hours the watermark passed since then finalised (by an UPDATE when no minute
         changed)."""
         if self.hourly is None:

@@ -61,6 +61,7 @@ class HighWater:
     # of them when none is final; None: no such row): every hour the runs before may have left
     # behind holds one of them (pipelines/hourly_pass.py).
     hours_behind: tuple[int, int] | None = None
+    hours_final_ms: int = NEVER  # that latest end (NEVER: no final hourly row)
 
     def records_fresh(self, ranges: dict[tuple[str, int], list[int]]) -> bool:
         """Whether a batch reading these (from, to, n) offset ranges can append its records."""
@@ -124,16 +125,19 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
     def sessions() -> Row | None:
         return load(t.SESSIONS).agg(F.expr("unix_millis(max(session_end))")).first()
 
-    def hours_behind() -> tuple[int, int] | None:
+    def hours_behind() -> tuple[tuple[int, int] | None, int]:
         final = load(t.CTR_1H).where("is_final").agg(F.expr("unix_millis(max(window_end))"))
-        end = final.first()
+        row = final.first()
+        end = int(row[0]) if row is not None and row[0] is not None else NEVER
         minutes = load(t.GOLD_1M)
-        if end is not None and end[0] is not None:
-            minutes = minutes.where(F.col("window_start") >= F.timestamp_millis(F.lit(end[0])))
+        if end != NEVER:
+            minutes = minutes.where(F.col("window_start") >= F.timestamp_millis(F.lit(end)))
         span = minutes.agg(
             F.expr("unix_millis(min(window_start))"), F.expr("unix_millis(max(window_start))")
         ).first()
-        return (int(span[0]), int(span[1])) if span is not None and span[0] is not None else None
+        if span is None or span[0] is None:
+            return None, end
+        return (int(span[0]), int(span[1])), end
 
     with ThreadPoolExecutor(4, thread_name_prefix="adattr-high-water") as pool:
         per_table = [pool.submit(offsets_of, name) for name in t.RECORD_TABLES]
@@ -155,5 +159,5 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
         int(ended[0]) if ended and ended[0] is not None else NEVER,
         silver_exclusive,
         int(held.until) if held.until is not None else NEVER,
-        behind_f.result(),
+        *behind_f.result(),
     )

@@ -17,11 +17,15 @@ watermark, so the batches since a pass changed minutes in the span of their acce
 all later than the watermark the pass was made at. Within a run that span is kept here. A run
 does not know what the runs before it left undone (a crash between passes), so its first
 batch passes over every hour that can be behind: every hour ending after the latest final
-hourly row (``HighWater.hours_behind``; a pass finalises every hour the watermark has passed,
-so no minute of a later batch lies in a final hour: its events are later than that pass's
-watermark), from the 1-minute rows at or after that end. A batch under a replay's first
-watermarks (``HighWater.silver_unseen``) may accept events anywhere, so it passes itself,
-every time, as every batch did before.
+hourly row, from the 1-minute rows at or after that end (``HighWater.hours_behind``). That
+holds while no batch that left its pass to a later one accepted an event in a final hour,
+which is why a batch may leave it only when its watermark is at or past the latest final
+hourly end at the run's start (and silver holds no event later than the watermark that the
+generation never saw, ``HighWater.silver_unseen``): its events are later, and so are those of
+every batch after it. Within a generation the watermark is restored with the checkpoint, so
+that always holds. A replay's (or a rewound checkpoint's) watermark starts at 0, below hours an
+earlier generation made final, so its batches pass themselves, every time, as every batch did
+before, until their watermark reaches that end.
 
 The stop. ``finish`` passes once the query has stopped between batches, so a table read after
 a run (``verify``, ``reconcile``, a quality check) is up to date; a run that ends otherwise (a
@@ -56,22 +60,26 @@ class HourlyPass:
 class HourlyPasses:
     """The passes of one run: which batch passes, over what."""
 
-    def __init__(self, every: int, behind: Span | None) -> None:
-        assert every >= 1, "a pass every batch at least once in every `every`"
+    def __init__(self, every: int, behind: Span | None, final_ms: int) -> None:
+        assert every >= 1, "a pass at least once in every `every` batches"
         self.every = every
-        # The 1-minute rows this run's first pass must cover (``HighWater.hours_behind``).
+        # The 1-minute rows this run's first pass must cover (``HighWater.hours_behind``), and
+        # the latest end of a final hourly row at the run's start (``hours_final_ms``).
         self.behind = behind
+        self.final_ms = final_ms
         self.passed = False  # whether this run has passed yet
         self.since_ms = 0  # the watermark of this run's last pass
         self.pending: Span | None = None  # accepted events' span since that pass
         self.last: tuple[int, int] | None = None  # (batch id, watermark) of the last batch
 
-    def plan(self, batch_id: int, *, own: bool) -> HourlyPass | None:
-        """The pass batch ``batch_id`` makes; None when it leaves the table to a later batch.
-        ``own``: whether every event it can accept is later than every hourly row already final
-        (``HighWater.silver_unseen`` false); else it passes, so a crash cannot leave a final
-        hour behind that the next run's first pass would not look at."""
-        if self.passed and own and batch_id % self.every:
+    def plan(self, batch_id: int, watermark_ms: int, *, own: bool) -> HourlyPass | None:
+        """The pass batch ``batch_id`` (under ``watermark_ms``) makes; None when it leaves the
+        table to a later batch. ``own``: whether silver holds no event later than the
+        watermark that this generation never saw (``HighWater.silver_unseen`` false). A batch
+        that may accept an event in an hour already final passes, so that a crash cannot leave
+        such an hour behind where the next run's first pass does not look."""
+        later = own and watermark_ms >= self.final_ms
+        if self.passed and later and batch_id % self.every:
             return None
         return self._pass()
 

@@ -40,7 +40,7 @@ class JobMetrics:
         self.phase_seconds = Gauge(
             "adattr_batch_phase_seconds",
             "The last batch's wall time per phase (dim, read+state+classify, records, gold, "
-            "kafka, ledger)",
+            "changed_rows, kafka, hourly, ledger)",
             ["phase"],
             registry=r,
         )

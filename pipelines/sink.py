@@ -146,7 +146,9 @@ class AttributionSink:
             if ctx.compact_files
             else None
         )
-        self.hourly = HourlyPasses(ctx.hourly_every, high_water.hours_behind)
+        self.hourly = HourlyPasses(
+            ctx.hourly_every, high_water.hours_behind, high_water.hours_final_ms
+        )
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         self._guard()
@@ -267,7 +269,7 @@ class AttributionSink:
         # attribute) and folds its own into it.
         own = not hw.silver_unseen(meta.watermark_ms)
         clicks_start = self.clicks.start(batch_id, previous) if own else None
-        hourly = self.hourly.plan(batch_id, own=own)
+        hourly = self.hourly.plan(batch_id, meta.watermark_ms, own=own)
         gold_update = GoldUpdate(
             self.tables,
             self.timer,
@@ -328,6 +330,12 @@ class AttributionSink:
             first_of_run and (span is not None or gold_update.advanced)
         )
         kafka_outcome = self.kafka_outcome = self._publish(batch_id, wrote_gold=wrote_gold)
+        if span is not None and hourly is not None:
+            # A data batch's hourly pass: after its transaction, which it would delay by ~2 s
+            # (the table is published to no one), before the ledger row that completes it.
+            self._guard()
+            described(self.spark, "hourly", lambda: gold_update.pass_hours(span))()
+            self.timer.mark("hourly")
         crash_point(self.ctx.crash_at, "after_kafka_before_ledger")
         self.last_counts = " ".join(f"{k}={v:,}" for k, v in sorted(counts.items()))
         write_ledger(

@@ -782,6 +782,7 @@ def phase_medians(steps: list[dict[str, float]]) -> dict[str, float]:
                 "gold + sessions": s.get("gold", 0.0),
                 "changed rows to the driver": s.get("changed_rows", 0.0),
                 "Kafka transaction": s.get("kafka", 0.0),
+                "hourly pass": s.get("hourly", 0.0),
                 "ledger": s.get("ledger", 0.0),
                 "release": s.get("release", 0.0),
             }
