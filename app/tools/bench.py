@@ -1219,7 +1219,7 @@ def chart(summary: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 4))
     meds = [summary["rates"][v]["median"] for v in VARIANTS]
     lows = [m - summary["rates"][v]["min"] for v, m in zip(VARIANTS, meds, strict=True)]
     highs = [summary["rates"][v]["max"] - m for v, m in zip(VARIANTS, meds, strict=True)]
@@ -1245,7 +1245,8 @@ def chart(summary: dict[str, Any], path: Path) -> None:
     right.set_ylabel("seconds per micro-batch (median)")
     lat = summary["latency"]
     right.set_title(f"batch time split; latency p50 {lat['p50']:.1f}s p99 {lat['p99']:.1f}s")
-    right.legend()
+    # Beside the bars, not over them (the split has eight phases).
+    right.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 
