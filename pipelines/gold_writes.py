@@ -3,8 +3,9 @@ with Delta's txn ids, recomputed from silver where the batch's events can have c
 finalised where the watermark passed their end (the functions of ``pipelines.gold`` applied to
 bounded slices of silver; in a batch without accepted events, finalised by an UPDATE whose own
 condition makes it idempotent). Rows are set, never added to, so a re-executed or replayed
-batch writes the same rows. The sliding hours are written by the batches that make an hourly
-pass (``pipelines.hourly_pass``), over every minute changed since the last one.
+batch writes the same rows. The sliding hours, and the 1-minute windows as a table, are written
+by the batches that make a pass (``pipelines.hourly_pass``), over every minute changed since the
+last one; a batch between passes publishes the 1-minute windows it computed.
 
 Every row ending at or before the previous batch's watermark is final already (the batch that
 moved the watermark past it wrote it final or finalised it), so a batch reads and rewrites only
@@ -21,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
@@ -37,6 +38,8 @@ from pipelines.gold import (
     window_metrics,
 )
 from pipelines.hourly_pass import HourlyPass, union
+from pipelines.left_windows import Left, LeftWindows
+from pipelines.published_rows import records_of
 from pipelines.timing import StepTimer
 from pipelines.transforms import ACCEPTED
 
@@ -47,6 +50,9 @@ HOUR_MS = 60 * MINUTE_MS
 _DERIVED = ("is_final", "generation", "batch_id")
 # The attributions source's flag on the rows it recomputes (not a column of the table).
 _RECOMPUTED = "_recomputed"
+# The ad and campaign a pending conversion was attributed to before a new click reopened it
+# (null on the batch's new conversions): the windows it may leave.
+_OLD_AD, _OLD_CAMPAIGN = "_old_ad", "_old_campaign"
 
 
 class _Rows(NamedTuple):
@@ -73,6 +79,9 @@ class Merge:
     # A boolean source column marking the rows to count apart (``GoldUpdate._summarised``),
     # not a column of the table: dropped before the MERGE (the cached source keeps it).
     flag: str | None = None
+    # With the batch's Delta txn ids (a MERGE of rows that are the same whatever runs it again
+    # can do without, and then does not take the batch's version from a later pass).
+    txn: bool = True
 
 
 class GoldUpdate:
@@ -98,6 +107,7 @@ class GoldUpdate:
         sessions: tuple[SparkSession, ...] = (),
         carried_clicks: CarriedClicks | None = None,
         hourly: HourlyPass | None = None,
+        left_windows: LeftWindows | None = None,
     ) -> None:
         self.tables = tables
         self.spark = tables.spark
@@ -110,6 +120,15 @@ class GoldUpdate:
         self.lookback = lookback_seconds
         self.carried_clicks = carried_clicks
         self.hourly = hourly
+        # A batch that leaves the 1-minute table to a pass: the windows it changed, as the
+        # records that publish them (None: the table holds them, stamped with the batch).
+        self.minute_records: list[Row] | None = None
+        # The minutes whose windows the batch changed (its events', its re-attributed
+        # conversions'), which a later pass must recompute; None: none.
+        self.changed_minutes: tuple[int, int] | None = None
+        # Where the windows its re-attributed conversions leave are kept until it is done
+        # (None: not kept, a re-execution would not know them).
+        self.left_windows = left_windows
 
     @property
     def advanced(self) -> bool:
@@ -140,30 +159,176 @@ class GoldUpdate:
         sources that anticipate each other's results, the gold MERGEs took longer here: on two
         cores their jobs only queue behind each other.)
 
-        A batch without accepted events recomputes nothing but the hours a pass owes: it
-        finalises the rows its watermark passed, which depend on nothing but each table's own
-        rows, so the three tables are done at once, each in its own session, each by one
-        UPDATE (the hours by a MERGE when minutes changed since the last pass)."""
+        A batch that makes a pass (``hourly``) MERGEs the 1-minute windows of its events and
+        of every batch since the last pass, and finalises what the watermark passed since then;
+        one that leaves the table to a later pass computes the same windows of its own events
+        and of its watermark's move, and publishes them from what it computed
+        (``minute_records``).
+
+        A batch without accepted events recomputes nothing but what a pass owes: it finalises
+        the rows its watermark passed, which depend on nothing but each table's own rows, so
+        the tables are done at once, each in its own session, each by one UPDATE (the hours by
+        a MERGE when minutes changed since the last pass)."""
         if rows is None:
-            at_once = len(self.sessions) >= 2
-            one, two = (
-                (self.on(self.sessions[0]), self.on(self.sessions[1])) if at_once else (self, self)
-            )
-            writes = [lambda: two.pass_hours(None)] if self.hourly is not None else []
-            if self.advanced:
-                writes = [
-                    lambda: self._finalise(t.ATTRIBUTIONS, "conversion_time"),
-                    lambda: one._finalise(t.GOLD_1M, "window_end"),
-                    *writes,
-                ]
-            run_concurrently(writes, together=at_once)
+            self._finalise_all()
             return
         assert span is not None, "a batch with accepted events has their time span"
-        reattributed = self._attributions(rows, span)
-        minutes = span
-        if reattributed is not None:  # pending conversions a new click now precedes
-            minutes = (min(span[0], reattributed[0]), max(span[1], reattributed[1]))
-        self._minutes(minutes)
+        reattributed, left = self._attributions(rows, span)
+        minutes = span if reattributed is None else _hull(span, reattributed)
+        self.changed_minutes = minutes
+        candidates = self._left_windows(left) if left else None
+        if self.hourly is None:
+            self.minute_records = self._publish_minutes(minutes, candidates)
+            return
+        pending = self.hourly.pending
+        self.since(self.hourly.since_ms)._minutes(
+            minutes if pending is None else _hull(minutes, pending), candidates
+        )
+
+    def _finalise_all(self) -> None:
+        """A batch without accepted events: the attributions, the 1-minute windows and the
+        hours its watermark passed (and the minutes a pass owes)."""
+        at_once = len(self.sessions) >= 2
+        one, two = (
+            (self.on(self.sessions[0]), self.on(self.sessions[1])) if at_once else (self, self)
+        )
+        writes = []
+        if self.advanced:
+            writes.append(lambda: self._finalise(t.ATTRIBUTIONS, "conversion_time"))
+        plan = self.hourly
+        if plan is None:
+            if self.advanced:
+
+                def publish() -> None:  # ``one`` is a copy: the records are this update's
+                    self.minute_records = one._publish_minutes(None)
+
+                writes.append(publish)
+        elif plan.pending is not None:  # minutes changed since the last pass: then the hours
+            pending = plan.pending
+
+            def minutes_then_hours() -> None:
+                one.since(plan.since_ms)._minutes(pending)
+                two.pass_hours(None)
+
+            writes.append(minutes_then_hours)
+        else:
+            minutes = one.since(plan.since_ms)
+            if minutes.advanced:
+                writes.append(lambda: minutes._finalise(t.GOLD_1M, "window_end"))
+            writes.append(lambda: two.pass_hours(None))
+        run_concurrently(writes, together=at_once)
+
+    def pass_stop(self) -> None:
+        """The pass owed at the stop (``hourly``): the 1-minute windows changed since the last
+        pass (their values and finality published already, by the batches that changed
+        them), then the hours."""
+        plan = self.hourly
+        assert plan is not None, "a pass to make"
+        at = self.since(plan.since_ms)
+        if plan.pending is not None:
+            at._minutes(plan.pending)
+        elif at.advanced:
+            at._finalise(t.GOLD_1M, "window_end")
+        self.pass_hours(None)
+
+    def _publish_minutes(
+        self, span: tuple[int, int] | None, candidates: DataFrame | None = None
+    ) -> list[Row]:
+        """For a batch that leaves the 1-minute table to a later pass: the windows of its
+        events' ``span`` (None: none) and the windows its watermark passed, with ``is_final``
+        and the batch's stamp, as the records that publish them: the rows its MERGE would have
+        set, so the records a MERGE's rows read back would have been (the pass writes the same
+        values: each is recomputed from silver and the attributions, never added to).
+        ``candidates``: the windows the batch's re-attributed conversions were counted in
+        before (``_left_windows``).
+
+        Exact without the table. Every minute changed since the last pass lies in the span of
+        some batch's events since then, each later than its watermark, so the windows it reads
+        are recomputed over a range that holds every row of the table it could need (the due
+        ones too). A window only grows, but for one a re-attributed conversion leaves: the
+        recomputation no longer produces it when that conversion was all it held, and it is
+        set to zero, not deleted, whether the table holds it yet (the range's rows) or only
+        the topic does (``candidates``). Such a zero, rare, is written to the table at once (a
+        keyed MERGE of those rows alone, the same whenever it runs again: no txn ids, so a
+        later pass of the batch's id is not skipped; not final, as a pass leaves a row it has
+        not finalised, so the latest final end still bounds what a crash can leave behind), so
+        the table holds every row the topic has ever carried, and the later recomputations and
+        the pass set it zero again."""
+        started = time.monotonic()
+        due = (F.col("window_end") > F.timestamp_millis(F.lit(self.w_prev))) & (
+            F.col("window_end") <= F.timestamp_millis(F.lit(self.watermark_ms))
+        )
+        wanted = due if self.advanced else F.lit(False)
+        reach = span
+        if span is not None:
+            lo, hi = _minute(span[0]), _minute(span[1]) + MINUTE_MS
+            wanted = wanted | time_between("window_start", lo, hi)
+        if self.advanced:
+            reach = union(span, (self.w_prev, self.watermark_ms))
+        if reach is None:
+            return []
+        source = self._final(
+            self._minute_windows(reach, candidates, flag=_RECOMPUTED), "window_end"
+        ).where(wanted)
+        rows = source.select(
+            *[F.col(f.name).cast(f.dataType) for f in t.schema(t.GOLD_1M).fields],
+            _RECOMPUTED,
+            F.expr("unix_millis(window_start)").alias("_at"),
+        )
+        found = records_of(
+            self.tables, t.GOLD_1M, rows, self.batch_id, extra=(_RECOMPUTED, "_at")
+        ).collect()
+        if found:
+            self.counts[f"{t.GOLD_1M}_rows"] = len(found)
+        self.timer.since(f"{t.GOLD_1M}:published", started)
+        # Zeros the table lacks can only be the candidates' (others are its own zero rows).
+        zeros = [r._at for r in found if not r[_RECOMPUTED]] if candidates is not None else []
+        if zeros:
+            self._run(
+                Merge(
+                    t.GOLD_1M,
+                    rows.where(~F.col(_RECOMPUTED))
+                    .drop("_at")
+                    .withColumn("is_final", F.lit(False)),
+                    keys=("window_start", "ad_id"),
+                    time_column="window_start",
+                    update=_update_keeping_final(t.GOLD_1M),
+                    bounds=(min(zeros), max(zeros)),
+                    flag=_RECOMPUTED,
+                    txn=False,
+                )
+            )
+        return found
+
+    def _left_windows(self, left: list[Left]) -> DataFrame:
+        """The 1-minute windows (keys and dimension columns, zero values) the conversions of
+        ``left`` were counted in before their re-attribution (the time made a window in Spark,
+        from epoch milliseconds: no local time zone on the way)."""
+        found = self.spark.createDataFrame(
+            left, "at long, advertiser_id string, ad_id string, campaign_id string"
+        )
+        start = F.timestamp_millis(F.floor(F.col("at") / MINUTE_MS) * MINUTE_MS)
+        zero = F.lit(0).cast("long")
+        values = {
+            "window_start": start,
+            "window_end": start + F.expr("INTERVAL 1 MINUTE"),
+            "impressions": zero,
+            "clicks": zero,
+            "spend": F.lit(0).cast("decimal(24,9)"),
+            "conversions": zero,
+            "revenue": F.lit(0).cast("decimal(24,6)"),
+            "is_final": F.lit(False),
+        }
+        columns = []
+        for f in t.schema(t.GOLD_1M).fields:
+            if f.name in values:
+                column = values[f.name]
+            elif f.name in found.columns:
+                column = F.col(f.name)
+            else:  # the stamp
+                column = F.lit(None)
+            columns.append(column.cast(f.dataType).alias(f.name))
+        return found.select(*columns)
 
     def pass_hours(self, span: tuple[int, int] | None) -> None:
         """The batch's hourly pass (``hourly``; none: nothing), once the 1-minute table holds
@@ -181,14 +346,21 @@ class GoldUpdate:
         elif at.advanced:
             at._finalise(t.CTR_1H, "window_end")
 
-    def _attributions(self, rows: DataFrame, span: tuple[int, int]) -> tuple[int, int] | None:
-        """MERGEs the attributions; returns the conversion-time span it (re)attributed."""
-        attributions, reattributed = self._attribution_source(rows, span)
+    def _attributions(
+        self, rows: DataFrame, span: tuple[int, int]
+    ) -> tuple[tuple[int, int] | None, list[Left]]:
+        """MERGEs the attributions; returns the conversion-time span it (re)attributed and the
+        re-attributed conversions' ads before (``_attribution_source``), kept first where a
+        re-execution finds them (``left_windows``)."""
+        attributions, reattributed, found = self._attribution_source(rows, span)
+        left = [(int(r.at), r.advertiser_id, r[_OLD_AD], r[_OLD_CAMPAIGN]) for r in found]
+        if self.left_windows is not None:
+            left = self.left_windows.remember(self.batch_id, left)
         self._run(attributions)
-        return reattributed
+        return reattributed, left
 
-    def _minutes(self, span: tuple[int, int]) -> None:
-        minute_rows = self._minute_windows(span)
+    def _minutes(self, span: tuple[int, int], candidates: DataFrame | None = None) -> None:
+        minute_rows = self._minute_windows(span, candidates)
         lo, hi = _minute(span[0]), _minute(span[1]) + MINUTE_MS
         minutes = Merge(
             t.GOLD_1M,
@@ -255,9 +427,12 @@ class GoldUpdate:
 
     def _attribution_source(
         self, rows: DataFrame, span: tuple[int, int]
-    ) -> tuple[Merge | None, tuple[int, int] | None]:
-        """The attributions MERGE (None: nothing to write) and the conversion-time span of the
-        conversions this batch (re)attributes: its new conversions, and the pending (not final)
+    ) -> tuple[Merge | None, tuple[int, int] | None, list[Row]]:
+        """The attributions MERGE (None: nothing to write), the conversion-time span of the
+        conversions this batch (re)attributes and the pending ones among them that were
+        attributed (their conversion time ``at`` in epoch ms, advertiser, and ad and campaign
+        before: ``_OLD_AD``, ``_OLD_CAMPAIGN``; one job more). Those it (re)attributes
+        are its new conversions, and the pending (not final)
         ones that one of its new clicks now precedes within the lookback, so a click that
         arrives after its conversion gives the answer event-time order would have. A final
         attribution is never touched: its conversion time is at or behind the watermark, so no
@@ -280,6 +455,8 @@ class GoldUpdate:
                 "user_id",
                 "advertiser_id",
                 "revenue",
+                F.col("ad_id").alias(_OLD_AD),
+                F.col("campaign_id").alias(_OLD_CAMPAIGN),
             )
         )
         reopen = reopened(
@@ -287,7 +464,10 @@ class GoldUpdate:
         )
         affected = (
             new.where(F.col("event_type") == "conversion")
-            .select(*pending.columns)
+            .select(
+                *pending.columns[:5],
+                *[F.lit(None).cast("string").alias(c) for c in (_OLD_AD, _OLD_CAMPAIGN)],
+            )
             .unionByName(reopen)
             .dropDuplicates(["event_id"])
             .persist(StorageLevel.MEMORY_AND_DISK)  # read twice: conversions, their users
@@ -319,12 +499,23 @@ class GoldUpdate:
                     flag=_RECOMPUTED,
                 )
             )
+            # Cached by the job above (the source's).
+            left = (
+                affected.where(F.col(_OLD_AD).isNotNull())
+                .select(
+                    F.expr("unix_millis(event_time)").alias("at"),
+                    "advertiser_id",
+                    _OLD_AD,
+                    _OLD_CAMPAIGN,
+                )
+                .collect()
+            )
         finally:
             affected.unpersist()
         if recomputed_rows is None:
-            return merge, None
+            return merge, None, left
         self.counts["attributions_computed"] = recomputed_rows.n
-        return merge, recomputed_rows.span
+        return merge, recomputed_rows.span, left
 
     def _clicks(self, affected: DataFrame, span: tuple[int, int]) -> DataFrame:
         """The clicks that can be attributed the ``affected`` conversions (``span`` holds their
@@ -346,7 +537,9 @@ class GoldUpdate:
                 clicks = clicks.unionByName(carried.rows)
         return clicks.join(affected.select("user_id").distinct(), "user_id", "left_semi")
 
-    def _minute_windows(self, span: tuple[int, int]) -> DataFrame:
+    def _minute_windows(
+        self, span: tuple[int, int], candidates: DataFrame | None = None, flag: str | None = None
+    ) -> DataFrame:
         """The 1-minute MERGE's rows (before is_final and the stamp): the windows of the span
         recomputed from silver and the attributions, the windows due to be finalised, and the
         span's windows the recomputation no longer produces (their only conversion was
@@ -359,9 +552,13 @@ class GoldUpdate:
             self._load(t.SILVER).where(time_between("event_time", lo, hi)),
             self._load(t.ATTRIBUTIONS).where(time_between("conversion_time", lo, hi)),
         )
+        current = self._due(t.GOLD_1M, "window_end", also=time_between("window_start", lo, hi))
+        if candidates is not None:  # windows the topic may hold and the table not yet
+            assert current is not None, "a range of the table"
+            current = current.unionByName(candidates).dropDuplicates(["window_start", "ad_id"])
         return recomputed_or_current(
             recomputed,
-            self._due(t.GOLD_1M, "window_end", also=time_between("window_start", lo, hi)),
+            current,
             keys=keys,
             values=values,
             emptied=time_between("window_start", lo, hi),
@@ -370,6 +567,7 @@ class GoldUpdate:
                 "spend": F.lit(0).cast("decimal(24,9)"),
                 "revenue": F.lit(0).cast("decimal(24,6)"),
             },
+            flag=flag,
         )
 
     def _due(self, name: str, end: str, also: Column | None = None) -> DataFrame | None:
@@ -451,7 +649,10 @@ class GoldUpdate:
             builder = builder.whenMatchedUpdateAll(condition=merge.update_condition)
         else:
             builder = builder.whenMatchedUpdate(condition=merge.update_condition, set=merge.update)
-        with self.tables.txn(self.batch_id, self.spark):
+        if merge.txn:
+            with self.tables.txn(self.batch_id, self.spark):
+                builder.whenNotMatchedInsertAll().execute()
+        else:
             builder.whenNotMatchedInsertAll().execute()
         self.tables.committed(merge.name)
         self.timer.since(f"{merge.name}:merge", started)
@@ -482,6 +683,10 @@ def sliding_hours(minutes: DataFrame, span: tuple[int, int]) -> DataFrame:
     return campaign_ctr(minutes.where(time_between("window_start", first, last + HOUR_MS))).where(
         time_between("window_start", first, last + SLIDE_MS)
     )
+
+
+def _hull(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    return min(a[0], b[0]), max(a[1], b[1])
 
 
 def _minute(ms: int) -> int:

@@ -29,8 +29,9 @@ yet, and that is decidable once per run:
 - Closed sessions are written in the watermark interval ``(w_prev, w_cur]`` of their end: a
   batch appends when every session the table held at the start ended at or before ``w_prev``.
 
-One mark is of another kind: how far the sliding-hour table may be behind the 1-minute table
-(``hours_behind``), which the run's first hourly pass covers (``pipelines.hourly_pass``).
+Two marks are of another kind: how far the 1-minute table may be behind silver
+(``minutes_behind``) and the sliding-hour table behind the 1-minute table (``hours_behind``),
+which the run's first gold pass covers (``pipelines.hourly_pass``).
 
 The marks are read as the run starts (``pipelines.job.start``, before its query does), so
 before anything of the run is written, under the checkpoint's run lock
@@ -62,6 +63,11 @@ class HighWater:
     # behind holds one of them (pipelines/hourly_pass.py).
     hours_behind: tuple[int, int] | None = None
     hours_final_ms: int = NEVER  # that latest end (NEVER: no final hourly row)
+    # The time span of silver's events at or after the latest end of a final 1-minute row (all
+    # of them when none is final; None: no such event): every minute the runs before may have
+    # left behind holds one of them.
+    minutes_behind: tuple[int, int] | None = None
+    minutes_final_ms: int = NEVER  # that latest end (NEVER: no final 1-minute row)
 
     def records_fresh(self, ranges: dict[tuple[str, int], list[int]]) -> bool:
         """Whether a batch reading these (from, to, n) offset ranges can append its records."""
@@ -86,7 +92,7 @@ class HighWater:
 
 
 def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation: int) -> HighWater:
-    """The marks, from nine small queries run four at once: each first loads its table's
+    """The marks, from eleven small queries run four at once: each first loads its table's
     snapshot (~0.7 s of mostly driver-side work on a cold run), one after another seven cost
     ~5 s."""
 
@@ -125,24 +131,26 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
     def sessions() -> Row | None:
         return load(t.SESSIONS).agg(F.expr("unix_millis(max(session_end))")).first()
 
-    def hours_behind() -> tuple[tuple[int, int] | None, int]:
-        final = load(t.CTR_1H).where("is_final").agg(F.expr("unix_millis(max(window_end))"))
+    def behind(final_of: str, rows_of: str, at: str) -> tuple[tuple[int, int] | None, int]:
+        """The latest end of a final row of ``final_of`` and the span of ``at`` of the rows of
+        ``rows_of`` at or after it."""
+        final = load(final_of).where("is_final").agg(F.expr("unix_millis(max(window_end))"))
         row = final.first()
         end = int(row[0]) if row is not None and row[0] is not None else NEVER
-        minutes = load(t.GOLD_1M)
+        rows = load(rows_of)
         if end != NEVER:
-            minutes = minutes.where(F.col("window_start") >= F.timestamp_millis(F.lit(end)))
-        span = minutes.agg(
-            F.expr("unix_millis(min(window_start))"), F.expr("unix_millis(max(window_start))")
-        ).first()
-        if span is None or span[0] is None:
+            rows = rows.where(F.col(at) >= F.timestamp_millis(F.lit(end)))
+        span = rows.agg(F.expr(f"unix_millis(min({at}))"), F.expr(f"unix_millis(max({at}))"))
+        found = span.first()
+        if found is None or found[0] is None:
             return None, end
-        return (int(span[0]), int(span[1])), end
+        return (int(found[0]), int(found[1])), end
 
     with ThreadPoolExecutor(4, thread_name_prefix="adattr-high-water") as pool:
         per_table = [pool.submit(offsets_of, name) for name in t.RECORD_TABLES]
         ledger_f, silver_f, sessions_f = (pool.submit(f) for f in (ledger, silver, sessions))
-        behind_f = pool.submit(hours_behind)
+        hours_f = pool.submit(behind, t.CTR_1H, t.GOLD_1M, "window_start")
+        minutes_f = pool.submit(behind, t.GOLD_1M, t.SILVER, "event_time")
         offsets: dict[tuple[str, int], int] = {}
         for future in per_table:
             for r in future.result():
@@ -159,5 +167,6 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
         int(ended[0]) if ended and ended[0] is not None else NEVER,
         silver_exclusive,
         int(held.until) if held.until is not None else NEVER,
-        *behind_f.result(),
+        *hours_f.result(),
+        *minutes_f.result(),
     )

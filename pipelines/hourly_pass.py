@@ -1,35 +1,42 @@
-"""When the sliding-hour table (``gold_campaign_ctr_1h``) is brought up to date: not by every
-batch, by a *pass* every ``every`` batches, and by a run's first batch and its stop.
+"""When the gold tables no consumer waits for are brought up to date: the 1-minute windows
+(``gold_ad_metrics_1m``, as a table) and the sliding hours (``gold_campaign_ctr_1h``), not by
+every batch, by a *pass* every ``every`` batches, by a run's first batch and its stop.
 
-Why it may lag. The hourly rows are published to no one (``schemas.ad_metrics.PUBLISHED``: the
-1-minute windows and the attributions are): they are a pure function of the 1-minute table,
-``campaign_ctr`` of its impressions and clicks, and that table is written by every batch. A
-pass recomputes, from the 1-minute table as it is then, every hour holding a minute that a batch
-since the last pass changed, and finalises every hour whose end the watermark passed since
-then: the rows it writes are those a MERGE in each of those batches would have left, because
-each hour is set from the minutes as they are, never added to. So which batch passes changes
-when the table is up to date, never what it holds once it is; the hourly MERGE costs a data
-batch ~1.5-2 s (README "Performance"), and a pass of ``every`` batches costs about one.
+Why they may lag. The sliding hours are published to no one (``schemas.ad_metrics.PUBLISHED``:
+the 1-minute windows and the attributions are) and are a pure function of the 1-minute table,
+``campaign_ctr`` of its impressions and clicks. The 1-minute windows are published, but a batch
+between passes publishes them from the windows it computed, not from the table
+(``GoldUpdate._publish_minutes``: why that is exact), so a consumer of the topic sees every
+change at once and only the table waits. A pass recomputes every minute that a batch since the
+last pass changed, from silver and the attributions as they are then, then every hour holding
+one, from the 1-minute table, and finalises every row whose end the watermark passed since
+then: the rows a MERGE in each of those batches would have left, because each row is set from
+what it sums, never added to. So which batch passes changes when the tables are up to date,
+never what they hold once they are; the two MERGEs cost a data batch ~3-4 s (README
+"Performance"), and a pass of ``every`` batches costs about as much.
 
-What a pass covers. A batch changes only minutes of its accepted events (hours sum impressions
-and clicks alone, so a re-attributed conversion changes no hour), each later than its
-watermark, so the batches since a pass changed minutes in the span of their accepted events,
-all later than the watermark the pass was made at. Within a run that span is kept here. A run
-does not know what the runs before it left undone (a crash between passes), so its first
-batch passes over every hour that can be behind: every hour ending after the latest final
+What a pass covers. A batch changes only minutes of its accepted events (a re-attributed
+conversion changes the minute of its conversion, a pending one's, later than the watermark
+too), each later than its watermark, so the
+batches since a pass changed minutes in the span of their accepted events, all later than the
+watermark the pass was made at. Within a run that span is kept here. A run does not know what
+the runs before it left undone (a crash between passes), so its first batch passes over every
+row that can be behind: every minute of silver's events at or after the latest end of a final
+1-minute row (``HighWater.minutes_behind``), and every hour ending after the latest final
 hourly row, from the 1-minute rows at or after that end (``HighWater.hours_behind``). That
-holds while no batch that left its pass to a later one accepted an event in a final hour,
-which is why a batch may leave it only when its watermark is at or past the latest final
-hourly end at the run's start (and silver holds no event later than the watermark that the
+holds while no batch that left its pass to a later one accepted an event in a final row, which
+is why a batch may leave it only when its watermark is at or past the latest final end of
+either table at the run's start (and silver holds no event later than the watermark that the
 generation never saw, ``HighWater.silver_unseen``): its events are later, and so are those of
 every batch after it. Within a generation the watermark is restored with the checkpoint, so
-that always holds. A replay's (or a rewound checkpoint's) watermark starts at 0, below hours an
+that always holds. A replay's (or a rewound checkpoint's) watermark starts at 0, below rows an
 earlier generation made final, so its batches pass themselves, every time, as every batch did
 before, until their watermark reaches that end.
 
 The stop. ``finish`` passes once the query has stopped between batches, so a table read after
 a run (``verify``, ``reconcile``, a quality check) is up to date; a run that ends otherwise (a
-crash) leaves it to the next run's first batch.
+crash) leaves it to the next run's first batch. (The names say "hourly": the passes were the
+sliding hours' first, and ``ADATTR_HOURLY_EVERY`` keeps its name.)
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ UPDATE of the rows not final yet whose end the watermark passed in this batch. T
 alone makes it a no-op on a second execution (the rows are final then), so it carries no txn
 ids, and it commits nothing when it changes nothing.
 
+Two gold tables no consumer waits for, the sliding hours and the 1-minute windows as a table,
+are written by a pass every few batches (``pipelines.hourly_pass``); a batch between passes
+publishes the 1-minute windows it computed, the values the pass then writes.
+
 The writes run in a fixed order (bronze, quarantine, late, silver, gold, ledger) and the ledger
 row is last, so "a ledger row exists" means "the batch is complete in every table". Everything a
 batch decides (the watermark, the dimension version) comes from Spark's offset log entry for the
@@ -47,8 +51,9 @@ from pipelines.delta_writes import Tables, described, run_concurrently
 from pipelines.dimension import DimSnapshots
 from pipelines.gold_writes import GoldUpdate
 from pipelines.high_water import HighWater
-from pipelines.hourly_pass import HourlyPasses
+from pipelines.hourly_pass import HourlyPasses, union
 from pipelines.ledger import write_ledger
+from pipelines.left_windows import LeftWindows
 from pipelines.offset_log import BatchMeta, read_batch_meta
 from pipelines.publish import Publisher
 from pipelines.published_rows import changed_records, rows_of
@@ -146,8 +151,13 @@ class AttributionSink:
             if ctx.compact_files
             else None
         )
+        # Where the windows a batch's re-attributed conversions leave are kept till it is done.
+        self.left_windows = LeftWindows(ctx.checkpoint)
+        # The gold passes: the 1-minute table and the sliding hours (pipelines/hourly_pass.py).
         self.hourly = HourlyPasses(
-            ctx.hourly_every, high_water.hours_behind, high_water.hours_final_ms
+            ctx.hourly_every,
+            union(high_water.minutes_behind, high_water.hours_behind),
+            max(high_water.minutes_final_ms, high_water.hours_final_ms),
         )
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
@@ -281,6 +291,7 @@ class AttributionSink:
             sessions=self.gold_sessions,
             carried_clicks=self.clicks.carried(clicks_start) if span is not None else None,
             hourly=hourly,
+            left_windows=self.left_windows,
         )
         gold: list[Callable[[], None]] = []
         if span is not None or gold_update.due:
@@ -326,10 +337,15 @@ class AttributionSink:
         # what there is to publish; except in a run's first batch, which may re-execute a batch
         # whose gold rows an earlier execution committed (and did not publish): then the
         # published tables are searched for the batch's rows whatever this execution wrote.
-        wrote_gold = bool(PUBLISHED.keys() & self.tables.versions.keys()) or (
+        # A batch that left the 1-minute table to a pass publishes the windows it computed.
+        minutes = gold_update.minute_records
+        from_tables = tuple(n for n in PUBLISHED if minutes is None or n != t.GOLD_1M)
+        wrote_gold = bool(from_tables & self.tables.versions.keys()) or (
             first_of_run and (span is not None or gold_update.advanced)
         )
-        kafka_outcome = self.kafka_outcome = self._publish(batch_id, wrote_gold=wrote_gold)
+        kafka_outcome = self.kafka_outcome = self._publish(
+            batch_id, from_tables if wrote_gold else (), minutes or []
+        )
         if span is not None and hourly is not None:
             # A data batch's hourly pass: after its transaction, which it would delay by ~2 s
             # (the table is published to no one), before the ledger row that completes it.
@@ -356,7 +372,9 @@ class AttributionSink:
         )
         self.timer.mark("ledger")
         crash_point(self.ctx.crash_at, "after_ledger_before_commit_log")
-        self.hourly.done(batch_id, meta.watermark_ms, span, hourly)
+        # The minutes a later pass recomputes: the batch's events' and its re-attributed
+        # conversions'.
+        self.hourly.done(batch_id, meta.watermark_ms, gold_update.changed_minutes, hourly)
 
     def finish(self) -> None:
         """Once the query has stopped between batches: the hourly pass the batches since the
@@ -379,7 +397,7 @@ class AttributionSink:
             counts=counts,
             lookback_seconds=self.ctx.lookback_seconds,
             hourly=plan,
-        ).pass_hours(None)
+        ).pass_stop()
         self.hourly.done(batch_id, watermark_ms, None, plan)
         log.info("hourly pass after batch %d: %s | %s", batch_id, counts, self.timer.describe())
 
@@ -391,22 +409,28 @@ class AttributionSink:
         if self.ctx.guard is not None:
             self.ctx.guard()
 
-    def _publish(self, batch_id: int, *, wrote_gold: bool) -> str:
-        """Publishes every gold row this batch changed (found by its stamp, so a re-execution
-        finds the same rows) in one Kafka transaction with the batch's marker."""
+    def _publish(self, batch_id: int, tables: tuple[str, ...], minutes: list[Row]) -> str:
+        """Publishes every gold row this batch changed in one Kafka transaction with the
+        batch's marker: the rows of the published ``tables`` stamped with the batch (found by
+        the stamp, so a re-execution finds the same rows), and the 1-minute windows it computed
+        but left to a pass (``minutes``: records already)."""
         publisher = self.ctx.publisher
         if publisher is None:
             return "disabled"
-        if not wrote_gold:
+        if not tables and not minutes:
             return "nothing-to-publish"
         # The phase is split in two: finding and pulling the changed rows (Spark's and Delta's
         # work: reading the batch's new table versions), and the transaction around them.
         started = time.monotonic()
-        changed = changed_records(self.tables, batch_id)
+        changed = changed_records(self.tables, batch_id, tables) if tables else None
         pulling = time.monotonic() - started
 
         def records() -> Iterator[tuple[bytes, bytes]]:
             nonlocal pulling
+            for row in minutes:
+                yield row.k.encode(), row.v.encode()
+            if changed is None:
+                return
             asked = time.monotonic()
             for row in rows_of(changed):
                 pulling += time.monotonic() - asked

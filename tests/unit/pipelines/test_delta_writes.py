@@ -407,7 +407,7 @@ def test_a_batch_attributes_with_carried_clicks_as_with_silvers_whole_lookback(
             lookback_seconds=lookback_s,
             carried_clicks=clicks,
         )
-        merge, _ = update._attribution_source(batch_rows, span)
+        merge, _, _ = update._attribution_source(batch_rows, span)
         assert merge is not None
         found = {r.conversion_id: r.click_id for r in merge.source.collect()}
         merge.source.unpersist()

@@ -4,12 +4,14 @@ a pass leaves what a pass in every batch would have left, after a crash between 
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
-from pyspark.sql import SparkSession
+import pytest
+from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
@@ -210,3 +212,242 @@ def test_passes_every_few_batches_leave_the_hours_a_pass_in_every_batch_leaves(
     ).pass_hours(None)
     assert hourly_table() == wanted(watermark(9))
     assert any(r[-1] for r in hourly_table()) and not all(r[-1] for r in hourly_table())
+
+
+# The batches of the 1-minute test below: (minute after T0 of the watermark, events), an event
+# being (id, type, minute after T0, user, ad); no event: a batch of none. Re-attributions (a click
+# after the click a pending conversion went to, before the conversion): batch 2's moves v3 from
+# a1 to a2 and empties (5, a1), which only the topic holds (batch 1 left the table to a pass);
+# batch 4's moves v7 and empties (9, a1), which the table holds, in a minute its own events do
+# not touch; batch 6, a pass, moves v5 and empties (7, a1), which only the topic holds.
+_BATCHES: list[tuple[float, list[tuple[str, str, float, str, str]]]] = [
+    (0.0, [("i1", "impression", 1.2, "u1", "a1"), ("k1", "click", 1.5, "u1", "a1")]),
+    (
+        1.0,
+        [
+            ("i2", "impression", 2.1, "u2", "a2"),
+            ("v1", "conversion", 3.0, "u1", ""),
+            ("k3", "click", 4.8, "u3", "a1"),
+            ("v3", "conversion", 5.5, "u3", ""),
+        ],
+    ),
+    (2.0, [("k4", "click", 5.2, "u3", "a2")]),
+    (
+        2.5,
+        [
+            ("i4", "impression", 3.4, "u2", "a2"),
+            ("k2", "click", 3.5, "u2", "a2"),
+            ("k8", "click", 8.0, "u5", "a1"),
+            ("v7", "conversion", 9.5, "u5", ""),
+        ],
+    ),
+    (
+        3.6,
+        [
+            ("k7", "click", 8.05, "u5", "a2"),
+            ("k5", "click", 6.9, "u4", "a1"),
+            ("v5", "conversion", 7.3, "u4", ""),
+        ],
+    ),
+    (4.5, []),
+    (7.0, [("k6", "click", 7.1, "u4", "a2")]),
+    (7.2, [("i6", "impression", 8.1, "u2", "a2"), ("v2", "conversion", 8.2, "u2", "")]),
+    (8.5, []),
+    (9.0, [("i7", "impression", 9.5, "u1", "a1")]),
+    (9.2, [("i8", "impression", 10.1, "u1", "a1")]),
+]
+
+
+def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publishes(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two warehouses fed the same batches: one MERGEs the 1-minute table in every batch (a
+    pass every batch), the other every third; its other batches publish the windows they
+    computed and leave the table alone. After every batch a consumer of either topic holds the
+    same windows and attributions, and after both stop the two tables are equal. Windows
+    emptied by re-attributions (``_BATCHES``) are published as zero by both and reach both
+    tables. Batch 2 dies after its attributions MERGE (the conversion's old ad gone from the
+    table) and is re-executed as a run's first batch, which still zeroes the window; after batch
+    8 the run dies between passes, and the next run's first batch catches the table up from
+    the tables alone."""
+    from pipelines.hourly_pass import union
+    from pipelines.left_windows import LeftWindows
+    from pipelines.published_rows import changed_records
+    from pipelines.transforms import ACCEPTED
+    from schemas.ad_metrics import PUBLISHED
+
+    def at(minutes: float) -> datetime:
+        return T0 + timedelta(minutes=minutes)
+
+    def ms(minutes: float) -> int:
+        return T0_MS + round(minutes * MINUTE_MS)
+
+    class Arm:
+        def __init__(self, name: str, every: int) -> None:
+            self.wh = str(tmp_path / name)
+            t.create_tables(spark, self.wh)
+            self.tables = Tables(spark, self.wh, f"app-{name}", 1)
+            self.every = every
+            self.passes = HourlyPasses(every, behind=None, final_ms=NEVER)
+            self.left = LeftWindows(tmp_path / f"checkpoint-{name}")
+            self.view: dict[str, tuple[int, dict[str, object]]] = {}
+            self.passed: list[int] = []
+            self.sessions = (spark.newSession(), spark.newSession())
+
+        def restart(self) -> None:
+            """A new run after a crash: its marks read from the tables."""
+            marks = read_high_water(spark, self.wh, self.tables.app_id, 1)
+            self.passes = HourlyPasses(
+                self.every,
+                behind=union(marks.minutes_behind, marks.hours_behind),
+                final_ms=max(marks.minutes_final_ms, marks.hours_final_ms),
+            )
+
+        def batch(self, b: int, *, written: bool = True) -> None:
+            w_prev = ms(_BATCHES[b - 1][0]) if b else 0
+            w, events = _BATCHES[b]
+            self.tables.versions = {}
+            rows = None
+            span = None
+            if events:
+                silver = self.tables.stamped(
+                    spark.createDataFrame(
+                        [
+                            tuple(
+                                {
+                                    "event_id": i,
+                                    "event_type": kind,
+                                    "event_time": at(m),
+                                    "user_id": u,
+                                    "ad_id": ad or None,
+                                    "campaign_id": "c1" if ad else None,
+                                    "advertiser_id": "v1",
+                                    "cost": Decimal("0.5") if kind == "impression" else None,
+                                    "revenue": Decimal(2) if kind == "conversion" else None,
+                                    "kafka_topic": "ad-events",
+                                    "kafka_partition": 0,
+                                    "kafka_offset": 100 * b + n,
+                                }.get(c)
+                                for c in t.schema(t.SILVER).names
+                            )
+                            for n, (i, kind, m, u, ad) in enumerate(events)
+                        ],
+                        t.schema(t.SILVER),
+                    ),
+                    b,
+                )
+                if written:  # (a re-execution finds its records written already)
+                    silver.write.format("delta").mode("append").save(self.tables.path(t.SILVER))
+                rows = silver.withColumn("outcome", F.lit(ACCEPTED))
+                times = [ms(m) for _, _, m, _, _ in events]
+                span = (min(times), max(times))
+            plan = self.passes.plan(b, ms(w), own=True)
+            update = GoldUpdate(
+                self.tables,
+                StepTimer(),
+                b,
+                w_prev=w_prev,
+                watermark_ms=ms(w),
+                counts={},
+                lookback_seconds=600,
+                sessions=self.sessions,
+                hourly=plan,
+                left_windows=self.left,
+            )
+            before = table_version(spark, self.tables.path(t.GOLD_1M))
+            if span is not None or update.due:
+                update.run(rows, span)
+            if plan is not None:
+                self.passed.append(b)
+                if span is not None:
+                    update.pass_hours(span)
+            else:  # but for a window a re-attribution emptied that the table holds (batch 4)
+                changed = table_version(spark, self.tables.path(t.GOLD_1M)) != before
+                assert changed == (b == 4), b
+            minutes = update.minute_records
+            names = tuple(n for n in PUBLISHED if minutes is None or n != t.GOLD_1M)
+            records = [*(minutes or []), *changed_records(self.tables, b, names).collect()]
+            self.consume(records)
+            self.passes.done(b, ms(w), update.changed_minutes, plan)
+
+        def consume(self, records: list[Row]) -> None:
+            for r in records:
+                value = json.loads(r.v)
+                if r.k not in self.view or self.view[r.k][0] <= value["batch_id"]:
+                    self.view[r.k] = (value["batch_id"], value["row"])
+
+        def stop(self) -> None:
+            owed = self.passes.at_stop()
+            if owed is None:
+                return
+            b, w, plan = owed
+            GoldUpdate(
+                self.tables,
+                StepTimer(),
+                b,
+                w_prev=plan.since_ms,
+                watermark_ms=w,
+                counts={},
+                lookback_seconds=600,
+                hourly=plan,
+            ).pass_stop()
+            self.passes.done(b, w, None, plan)
+            self.passed.append(-1)
+
+        def seen(self) -> dict[str, dict[str, object]]:
+            return {k: row for k, (_, row) in self.view.items()}
+
+        def table(self) -> list[tuple[object, ...]]:
+            columns = [c for c in t.columns(t.GOLD_1M) if c not in ("generation", "batch_id")]
+            return sorted(tuple(r) for r in self.tables.load(t.GOLD_1M).select(columns).collect())
+
+    def window(arm: Arm, minute: int, ad: str) -> list[tuple[object, ...]]:
+        held = arm.tables.load(t.GOLD_1M).where(
+            (F.col("ad_id") == ad) & (F.col("window_start") == at(minute))
+        )
+        return [(r.conversions, r.revenue) for r in held.collect()]
+
+    def key(minute: int, ad: str) -> str:
+        return f"{t.GOLD_1M}|{at(minute).strftime('%Y-%m-%dT%H:%M:%S.000Z')}|{ad}"
+
+    every, passes = Arm("every", 1), Arm("passes", 3)
+    for b in range(9):
+        every.batch(b)
+        if b == 2:  # dies after its attributions MERGE, before the windows are published
+            with monkeypatch.context() as m:
+
+                def dies(*_: object, **__: object) -> list[Row]:
+                    raise RuntimeError("killed")
+
+                m.setattr(GoldUpdate, "_publish_minutes", dies)
+                with pytest.raises(RuntimeError, match="killed"):
+                    passes.batch(b)
+            passes.restart()
+            passes.batch(b, written=False)
+        else:
+            passes.batch(b)
+        assert passes.seen() == every.seen(), f"after batch {b}"
+    # The first batch, the re-executed one (a run's first) and every third passed; the others
+    # left the table to them, batches of none too (5 finalised a window).
+    assert passes.passed == [0, 2, 3, 6] and every.passed == list(range(9))
+    for minute in (5, 7, 9):
+        assert every.seen()[key(minute, "a1")]["conversions"] == 0, minute
+        assert window(every, minute, "a1") == window(passes, minute, "a1") == [(0, 0)], minute
+    assert any(r["is_final"] for r in passes.seen().values())
+    assert passes.table() != every.table(), "batches 7 and 8 left the table to a pass"
+    # A crash now: the next run's first batch finds what was left from the tables alone.
+    passes.restart()
+    assert passes.passes.final_ms == ms(7.0)
+    every.batch(9)
+    passes.batch(9)
+    assert passes.seen() == every.seen() and passes.table() == every.table()
+    # A batch left to a pass, then the stop, which makes it.
+    every.batch(10)
+    passes.batch(10)
+    assert passes.seen() == every.seen() and passes.table() != every.table()
+    every.stop()
+    passes.stop()
+    assert passes.passed[-2:] == [9, -1], passes.passed
+    assert passes.table() == every.table()
+    published = {k for k in passes.seen() if k.startswith(t.GOLD_1M)}
+    assert len(published) == len(passes.table())

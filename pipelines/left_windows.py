@@ -1,0 +1,53 @@
+"""The 1-minute windows a batch's re-attributed conversions leave, kept beside the checkpoint
+until the batch is done.
+
+A conversion a new click re-attributes moves to another ad, and the window it was counted in may
+be emptied: it must then be published as zero and set to zero in ``gold_ad_metrics_1m``
+(``pipelines.gold_writes.GoldUpdate._publish_minutes``). Which window that is, only the
+attributions table says, and only until the batch's attributions MERGE overwrites the
+conversion's ad. A batch that dies after that MERGE and before the zero is written is re-executed
+(its MERGE then skipped by its Delta txn ids) with the new ad in the table; the old one is
+kept here, written before the MERGE, so the re-execution still knows the window.
+
+Layout: ``<checkpoint>/left_windows/<batch id>.json``, a list of ``[conversion time (epoch ms),
+advertiser, ad, campaign]``, written atomically; the files of the batch and the one before it
+are kept (only a run's first batch can be a re-execution, of the last batch an earlier run
+began). Like the carried state, a cache of one generation's checkpoint: a missing file means
+the MERGE it precedes did not commit either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+Left = tuple[int, str, str, str]  # conversion time (epoch ms), advertiser, ad, campaign
+
+
+class LeftWindows:
+    def __init__(self, checkpoint: Path) -> None:
+        self.root = checkpoint / "left_windows"
+
+    def remember(self, batch_id: int, left: list[Left]) -> list[Left]:
+        """``left`` and whatever an earlier execution of ``batch_id`` kept, now kept together
+        (on disk before this returns)."""
+        path = self.root / f"{batch_id}.json"
+        kept: list[Left] = []
+        try:
+            kept = [(int(a), str(b), str(c), str(d)) for a, b, c, d in json.loads(path.read_text())]
+        except (OSError, ValueError, TypeError):
+            pass  # none yet (or a file a crash left half-written: its MERGE never committed)
+        both = sorted(set(kept) | set(left))
+        if both != sorted(set(kept)) or not path.exists():
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            with tmp.open("w") as f:
+                json.dump(both, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        for old in self.root.glob("*.json"):
+            if old.stem.isdigit() and int(old.stem) < batch_id - 1:
+                old.unlink(missing_ok=True)
+        return both
