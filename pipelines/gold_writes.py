@@ -108,6 +108,7 @@ class GoldUpdate:
         carried_clicks: CarriedClicks | None = None,
         hourly: HourlyPass | None = None,
         left_windows: LeftWindows | None = None,
+        earlier_left: list[Left] | None = None,
     ) -> None:
         self.tables = tables
         self.spark = tables.spark
@@ -129,6 +130,9 @@ class GoldUpdate:
         # Where the windows its re-attributed conversions leave are kept until it is done
         # (None: not kept, a re-execution would not know them).
         self.left_windows = left_windows
+        # A run's first batch: the windows earlier runs' re-attributions may have left behind
+        # (``LeftWindows.everywhere``), candidates for its pass.
+        self.earlier_left = earlier_left or []
 
     @property
     def advanced(self) -> bool:
@@ -176,6 +180,8 @@ class GoldUpdate:
         reattributed, left = self._attributions(rows, span)
         minutes = span if reattributed is None else _hull(span, reattributed)
         self.changed_minutes = minutes
+        if self.hourly is not None:
+            left = sorted({*left, *self.earlier_left})
         candidates = self._left_windows(left) if left else None
         if self.hourly is None:
             self.minute_records = self._publish_minutes(minutes, candidates)
@@ -206,8 +212,10 @@ class GoldUpdate:
         elif plan.pending is not None:  # minutes changed since the last pass: then the hours
             pending = plan.pending
 
+            earlier = self._left_windows(self.earlier_left) if self.earlier_left else None
+
             def minutes_then_hours() -> None:
-                one.since(plan.since_ms)._minutes(pending)
+                one.since(plan.since_ms)._minutes(pending, earlier)
                 two.pass_hours(None)
 
             writes.append(minutes_then_hours)
@@ -353,7 +361,10 @@ class GoldUpdate:
         re-attributed conversions' ads before (``_attribution_source``), kept first where a
         re-execution finds them (``left_windows``)."""
         attributions, reattributed, found = self._attribution_source(rows, span)
-        left = [(int(r.at), r.advertiser_id, r[_OLD_AD], r[_OLD_CAMPAIGN]) for r in found]
+        left = [
+            (int(r.at), str(r.advertiser_id or ""), str(r[_OLD_AD]), str(r[_OLD_CAMPAIGN] or ""))
+            for r in found
+        ]
         if self.left_windows is not None:
             left = self.left_windows.remember(self.batch_id, left)
         self._run(attributions)
@@ -555,7 +566,8 @@ class GoldUpdate:
         current = self._due(t.GOLD_1M, "window_end", also=time_between("window_start", lo, hi))
         if candidates is not None:  # windows the topic may hold and the table not yet
             assert current is not None, "a range of the table"
-            current = current.unionByName(candidates).dropDuplicates(["window_start", "ad_id"])
+            inside = candidates.where(time_between("window_start", lo, hi))
+            current = current.unionByName(inside).dropDuplicates(["window_start", "ad_id"])
         return recomputed_or_current(
             recomputed,
             current,

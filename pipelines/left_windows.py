@@ -9,11 +9,19 @@ conversion's ad. A batch that dies after that MERGE and before the zero is writt
 (its MERGE then skipped by its Delta txn ids) with the new ad in the table; the old one is
 kept here, written before the MERGE, so the re-execution still knows the window.
 
+A batch that died there may also never be re-executed: a replay (a new generation) or a
+rewound checkpoint starts instead. So a run's first batch, which passes, takes the windows every
+generation's folder still names (``everywhere``) as candidates too: a window one names that
+holds nothing now is zero whichever batch emptied it, and one that holds something is
+recomputed; a candidate outside what the pass recomputes is not used.
+
 Layout: ``<checkpoint>/left_windows/<batch id>.json``, a list of ``[conversion time (epoch ms),
 advertiser, ad, campaign]``, written atomically; the files of the batch and the one before it
 are kept (only a run's first batch can be a re-execution, of the last batch an earlier run
-began). Like the carried state, a cache of one generation's checkpoint: a missing file means
-the MERGE it precedes did not commit either.
+began). A missing file means the MERGE it precedes did not commit either. Unlike the carried
+state, not only a cache: until the batch's windows are published and written, it is the one
+record of the ad a conversion was counted on; deleting a generation's folder before a run's
+first batch has passed loses it.
 """
 
 from __future__ import annotations
@@ -33,11 +41,7 @@ class LeftWindows:
         """``left`` and whatever an earlier execution of ``batch_id`` kept, now kept together
         (on disk before this returns)."""
         path = self.root / f"{batch_id}.json"
-        kept: list[Left] = []
-        try:
-            kept = [(int(a), str(b), str(c), str(d)) for a, b, c, d in json.loads(path.read_text())]
-        except (OSError, ValueError, TypeError):
-            pass  # none yet (or a file a crash left half-written: its MERGE never committed)
+        kept = _read(path)
         both = sorted(set(kept) | set(left))
         if both != sorted(set(kept)) or not path.exists():
             self.root.mkdir(parents=True, exist_ok=True)
@@ -51,3 +55,26 @@ class LeftWindows:
             if old.stem.isdigit() and int(old.stem) < batch_id - 1:
                 old.unlink(missing_ok=True)
         return both
+
+    def everywhere(self) -> list[Left]:
+        """The windows the files of every generation's checkpoint name (the folders beside
+        this one's)."""
+        found: set[Left] = set()
+        for path in self.root.parent.parent.glob("*/left_windows/*.json"):
+            found |= set(_read(path))
+        return sorted(found)
+
+
+def _read(path: Path) -> list[Left]:
+    """A file's windows; none when it is missing or not whole (a crash while it was written:
+    the MERGE it precedes never committed)."""
+    try:
+        return [
+            (int(a), _text(b), _text(c), _text(d)) for a, b, c, d in json.loads(path.read_text())
+        ]
+    except (OSError, ValueError, TypeError):
+        return []
+
+
+def _text(value: object) -> str:
+    return "" if value is None else str(value)

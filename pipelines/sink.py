@@ -292,6 +292,7 @@ class AttributionSink:
             carried_clicks=self.clicks.carried(clicks_start) if span is not None else None,
             hourly=hourly,
             left_windows=self.left_windows,
+            earlier_left=self.left_windows.everywhere() if first_of_run else None,
         )
         gold: list[Callable[[], None]] = []
         if span is not None or gold_update.due:
