@@ -48,6 +48,8 @@ SLIDE_MS = 5 * MINUTE_MS
 HOUR_MS = 60 * MINUTE_MS
 # Columns the sink sets on every gold row it writes, not part of a recomputation.
 _DERIVED = ("is_final", "generation", "batch_id")
+# A 1-minute window's key.
+_MINUTE_KEYS = ("window_start", "ad_id")
 # The attributions source's flag on the rows it recomputes (not a column of the table).
 _RECOMPUTED = "_recomputed"
 # The ad and campaign a pending conversion was attributed to before a new click reopened it
@@ -107,6 +109,7 @@ class GoldUpdate:
         sessions: tuple[SparkSession, ...] = (),
         carried_clicks: CarriedClicks | None = None,
         hourly: HourlyPass | None = None,
+        unpassed: tuple[int, int] | None = None,
         left_windows: LeftWindows | None = None,
         earlier_left: list[Left] | None = None,
     ) -> None:
@@ -121,6 +124,10 @@ class GoldUpdate:
         self.lookback = lookback_seconds
         self.carried_clicks = carried_clicks
         self.hourly = hourly
+        # A batch that leaves the 1-minute table to a pass: the minutes the batches since the
+        # last pass changed (their events' and re-attributed conversions' span, epoch ms; None:
+        # none), the only ones whose windows the table may not hold as they are.
+        self.unpassed = unpassed
         # A batch that leaves the 1-minute table to a pass: the windows it changed, as the
         # records that publish them (None: the table holds them, stamped with the batch).
         self.minute_records: list[Row] | None = None
@@ -250,10 +257,15 @@ class GoldUpdate:
         ``candidates``: the windows the batch's re-attributed conversions were counted in
         before (``_left_windows``).
 
-        Exact without the table. Every minute changed since the last pass lies in the span of
-        some batch's events since then, each later than its watermark, so the windows it reads
-        are recomputed over a range that holds every row of the table it could need (the due
-        ones too). A window only grows, but for one a re-attributed conversion leaves: the
+        Exact with a table the batches since the last pass have not written. Every minute
+        changed since the last pass lies in the span of some batch's events (or re-attributed
+        conversions) since then (``unpassed``), so a window outside it is the table's row as
+        that pass left it, and one inside it is recomputed: the batch's own events' windows,
+        and the due ones some batch since the pass changed; the due ones no batch changed
+        (with the watermark's delay behind the events, nearly all) are read from the table
+        and only finalised and stamped, as a MERGE in every batch would have (a batch of none
+        then reads neither silver nor the attributions). A window only grows, but for one a
+        re-attributed conversion leaves: the
         recomputation no longer produces it when that conversion was all it held, and it is
         set to zero, not deleted, whether the table holds it yet (the range's rows) or only
         the topic does (``candidates``). Such a zero, rare, is written to the table at once (a
@@ -267,17 +279,26 @@ class GoldUpdate:
             F.col("window_end") <= F.timestamp_millis(F.lit(self.watermark_ms))
         )
         wanted = due if self.advanced else F.lit(False)
-        reach = span
         if span is not None:
             lo, hi = _minute(span[0]), _minute(span[1]) + MINUTE_MS
             wanted = wanted | time_between("window_start", lo, hi)
-        if self.advanced:
-            reach = union(span, (self.w_prev, self.watermark_ms))
-        if reach is None:
+        # A due window no batch since the last pass changed is the table's row as that pass
+        # left it: only those some batch changed are recomputed (with the watermark's delay,
+        # rarely any: the due windows are the delay behind the events).
+        reach = union(span, _overlap(self._due_minutes(), self.unpassed))
+        if reach is not None:
+            windows = self._minute_windows(reach, candidates, flag=_RECOMPUTED)
+        elif self.advanced:
+            windows = recomputed_or_current(
+                None,
+                self._due(t.GOLD_1M, "window_end"),
+                keys=_MINUTE_KEYS,
+                values=_values(t.GOLD_1M, _MINUTE_KEYS),
+                flag=_RECOMPUTED,
+            )
+        else:
             return []
-        source = self._final(
-            self._minute_windows(reach, candidates, flag=_RECOMPUTED), "window_end"
-        ).where(wanted)
+        source = self._final(windows, "window_end").where(wanted)
         rows = source.select(
             *[F.col(f.name).cast(f.dataType) for f in t.schema(t.GOLD_1M).fields],
             _RECOMPUTED,
@@ -289,16 +310,20 @@ class GoldUpdate:
         if found:
             self.counts[f"{t.GOLD_1M}_rows"] = len(found)
         self.timer.since(f"{t.GOLD_1M}:published", started)
-        # Zeros the table lacks can only be the candidates' (others are its own zero rows).
-        zeros = [r._at for r in found if not r[_RECOMPUTED]] if candidates is not None else []
+        # Zeros the table lacks can only be the candidates' (others are its own zero rows),
+        # and only in the recomputed range (outside it the rows are the table's, as they are).
+        zeros: list[int] = []
+        if candidates is not None and reach is not None:
+            lo, hi = _minute(reach[0]), _minute(reach[1]) + MINUTE_MS
+            zeros = [r._at for r in found if not r[_RECOMPUTED] and lo <= r._at < hi]
         if zeros:
             self._run(
                 Merge(
                     t.GOLD_1M,
-                    rows.where(~F.col(_RECOMPUTED))
+                    rows.where(~F.col(_RECOMPUTED) & time_between("window_start", lo, hi))
                     .drop("_at")
                     .withColumn("is_final", F.lit(False)),
-                    keys=("window_start", "ad_id"),
+                    keys=_MINUTE_KEYS,
                     time_column="window_start",
                     update=_update_keeping_final(t.GOLD_1M),
                     bounds=(min(zeros), max(zeros)),
@@ -307,6 +332,12 @@ class GoldUpdate:
                 )
             )
         return found
+
+    def _due_minutes(self) -> tuple[int, int] | None:
+        """The first and last start (epoch ms) of the 1-minute windows whose end the batch's
+        watermark passed, (w_prev, w_cur] (None: none)."""
+        lo, hi = _minute(self.w_prev), _minute(self.watermark_ms) - MINUTE_MS
+        return (lo, hi) if self.advanced and lo <= hi else None
 
     def _left_windows(self, left: list[Left]) -> DataFrame:
         """The 1-minute windows (keys and dimension columns, zero values) the conversions of
@@ -376,7 +407,7 @@ class GoldUpdate:
         minutes = Merge(
             t.GOLD_1M,
             self._final(minute_rows, "window_end"),
-            keys=("window_start", "ad_id"),
+            keys=_MINUTE_KEYS,
             time_column="window_start",
             update=_update_keeping_final(t.GOLD_1M),
             bounds=self._widen((lo, hi), MINUTE_MS),
@@ -388,7 +419,7 @@ class GoldUpdate:
         hours = sliding_hours(self._load(t.GOLD_1M), span)
         due_hours = self._due(t.CTR_1H, "window_end")
         hour_keys = ("window_start", "campaign_id")
-        hour_values = tuple(c for c in t.columns(t.CTR_1H) if c not in {*hour_keys, *_DERIVED})
+        hour_values = _values(t.CTR_1H, hour_keys)
         hour_merge = Merge(
             t.CTR_1H,
             self._final(
@@ -556,8 +587,8 @@ class GoldUpdate:
         span's windows the recomputation no longer produces (their only conversion was
         re-attributed to another ad), set to zero, not deleted, so the change is a row like
         any other (found again, published as a zero update)."""
-        keys = ("window_start", "ad_id")
-        values = tuple(c for c in t.columns(t.GOLD_1M) if c not in {*keys, *_DERIVED})
+        keys = _MINUTE_KEYS
+        values = _values(t.GOLD_1M, keys)
         lo, hi = _minute(span[0]), _minute(span[1]) + MINUTE_MS
         recomputed = window_metrics(
             self._load(t.SILVER).where(time_between("event_time", lo, hi)),
@@ -567,7 +598,7 @@ class GoldUpdate:
         if candidates is not None:  # windows the topic may hold and the table not yet
             assert current is not None, "a range of the table"
             inside = candidates.where(time_between("window_start", lo, hi))
-            current = current.unionByName(inside).dropDuplicates(["window_start", "ad_id"])
+            current = current.unionByName(inside).dropDuplicates(list(keys))
         return recomputed_or_current(
             recomputed,
             current,
@@ -668,6 +699,19 @@ class GoldUpdate:
             builder.whenNotMatchedInsertAll().execute()
         self.tables.committed(merge.name)
         self.timer.since(f"{merge.name}:merge", started)
+
+
+def _values(name: str, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """A gold table's columns a recomputation sets: all but its key and the sink's own."""
+    return tuple(c for c in t.columns(name) if c not in {*keys, *_DERIVED})
+
+
+def _overlap(a: tuple[int, int] | None, b: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The minutes (their starts, epoch ms) of both spans (None: none)."""
+    if a is None or b is None:
+        return None
+    lo, hi = max(_minute(a[0]), _minute(b[0])), min(_minute(a[1]), _minute(b[1]))
+    return (lo, hi) if lo <= hi else None
 
 
 def _update_keeping_final(name: str) -> dict[str, str | Column]:

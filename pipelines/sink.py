@@ -291,6 +291,7 @@ class AttributionSink:
             sessions=self.gold_sessions,
             carried_clicks=self.clicks.carried(clicks_start) if span is not None else None,
             hourly=hourly,
+            unpassed=self.hourly.pending if hourly is None else None,
             left_windows=self.left_windows,
             earlier_left=self.left_windows.everywhere() if first_of_run else None,
         )

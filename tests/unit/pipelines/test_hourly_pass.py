@@ -219,7 +219,8 @@ def test_passes_every_few_batches_leave_the_hours_a_pass_in_every_batch_leaves(
 # after the click a pending conversion went to, before the conversion): batch 2's moves v3 from
 # a1 to a2 and empties (5, a1), which only the topic holds (batch 1 left the table to a pass);
 # batch 4's moves v7 and empties (9, a1), which the table holds, in a minute its own events do
-# not touch; batch 6, a pass, moves v5 and empties (7, a1), which only the topic holds.
+# not touch; batch 6, a pass, moves v5 and empties (7, a1), which only the topic holds. Batch 8,
+# of none, finalises minute 7, as the last pass left it, and minute 8, which batch 7 changed.
 _BATCHES: list[tuple[float, list[tuple[str, str, float, str, str]]]] = [
     (0.0, [("i1", "impression", 1.2, "u1", "a1"), ("k1", "click", 1.5, "u1", "a1")]),
     (
@@ -252,7 +253,7 @@ _BATCHES: list[tuple[float, list[tuple[str, str, float, str, str]]]] = [
     (4.5, []),
     (7.0, [("k6", "click", 7.1, "u4", "a2")]),
     (7.2, [("i6", "impression", 8.1, "u2", "a2"), ("v2", "conversion", 8.2, "u2", "")]),
-    (8.5, []),
+    (9.0, []),
     (9.0, [("i7", "impression", 9.5, "u1", "a1")]),
     (9.2, [("i8", "impression", 10.1, "u1", "a1")]),
 ]
@@ -358,6 +359,7 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
                 lookback_seconds=600,
                 sessions=self.sessions,
                 hourly=plan,
+                unpassed=self.passes.pending if plan is None else None,
                 left_windows=self.left,
                 earlier_left=self.left.everywhere() if first else None,
             )
@@ -435,6 +437,8 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
         else:
             passes.batch(b)
         assert passes.seen() == every.seen(), f"after batch {b}"
+        if passes.passed[-1] == b:  # a pass leaves the table a MERGE in every batch leaves
+            assert passes.table() == every.table(), f"after batch {b}"
     # The first batch, the re-executed one (a run's first) and every third passed; the others
     # left the table to them, batches of none too (5 finalised a window).
     assert passes.passed == [0, 2, 3, 6] and every.passed == list(range(9))
