@@ -128,9 +128,11 @@ class GoldUpdate:
         # last pass changed (their events' and re-attributed conversions' span, epoch ms; None:
         # none), the only ones whose windows the table may not hold as they are.
         self.unpassed = unpassed
-        # A batch that leaves the 1-minute table to a pass: the windows it changed, as the
-        # records that publish them (None: the table holds them, stamped with the batch).
-        self.minute_records: list[Row] | None = None
+        # The records that publish what the batch changed in a table, where it has them
+        # without reading the table's rows stamped with the batch afterwards (the sink reads
+        # the other tables'): the 1-minute windows of a batch that leaves that table to a
+        # pass, the attributions a batch of none finalised.
+        self.records: dict[str, list[Row]] = {}
         # The minutes whose windows the batch changed (its events', its re-attributed
         # conversions'), which a later pass must recompute; None: none.
         self.changed_minutes: tuple[int, int] | None = None
@@ -174,7 +176,7 @@ class GoldUpdate:
         of every batch since the last pass, and finalises what the watermark passed since then;
         one that leaves the table to a later pass computes the same windows of its own events
         and of its watermark's move, and publishes them from what it computed
-        (``minute_records``).
+        (``records``).
 
         A batch without accepted events recomputes nothing but what a pass owes: it finalises
         the rows its watermark passed, which depend on nothing but each table's own rows, so
@@ -191,7 +193,7 @@ class GoldUpdate:
             left = sorted({*left, *self.earlier_left})
         candidates = self._left_windows(left) if left else None
         if self.hourly is None:
-            self.minute_records = self._publish_minutes(minutes, candidates)
+            self.records[t.GOLD_1M] = self._publish_minutes(minutes, candidates)
             return
         pending = self.hourly.pending
         self.since(self.hourly.since_ms)._minutes(
@@ -213,7 +215,11 @@ class GoldUpdate:
             if self.advanced:
 
                 def publish() -> None:  # ``one`` is a copy: the records are this update's
-                    self.minute_records = one._publish_minutes(None)
+                    self.records[t.GOLD_1M] = one._publish_minutes(None)
+                    # while the UPDATE runs: its rows, read from either side of its commit
+                    self.records[t.ATTRIBUTIONS] = one._finalised_records(
+                        t.ATTRIBUTIONS, "conversion_time"
+                    )
 
                 writes.append(publish)
         elif plan.pending is not None:  # minutes changed since the last pass: then the hours
@@ -463,6 +469,23 @@ class GoldUpdate:
             return
         self.counts[f"{name}_rows"] = n
         self.tables.committed(name)
+
+    def _finalised_records(self, name: str, end: str) -> list[Row]:
+        """The records that publish the rows ``_finalise`` sets, read from the table before
+        its UPDATE commits or after (then also on any execution of the batch): the rows ending
+        in (w_prev, w_cur] that are not final yet, or final with the batch's stamp (its
+        UPDATE, this execution's or an earlier one's), as final rows with that stamp. Read
+        beside the UPDATE, not after it: a batch of none's publishing waits for neither."""
+        started = time.monotonic()
+        mine = (F.col("generation") == self.tables.generation) & (
+            F.col("batch_id") == self.batch_id
+        )
+        rows = self._load(name).where(
+            _after(end, self.w_prev) & ~_after(end, self.watermark_ms) & (~F.col("is_final") | mine)
+        )
+        found = records_of(self.tables, name, self._final(rows, end), self.batch_id).collect()
+        self.timer.since(f"{name}:published", started)
+        return found
 
     def _load(self, name: str) -> DataFrame:
         return self.tables.load(name, self.spark)

@@ -339,14 +339,15 @@ class AttributionSink:
         # what there is to publish; except in a run's first batch, which may re-execute a batch
         # whose gold rows an earlier execution committed (and did not publish): then the
         # published tables are searched for the batch's rows whatever this execution wrote.
-        # A batch that left the 1-minute table to a pass publishes the windows it computed.
-        minutes = gold_update.minute_records
-        from_tables = tuple(n for n in PUBLISHED if minutes is None or n != t.GOLD_1M)
+        # A batch that left the 1-minute table to a pass publishes the windows it computed, a
+        # batch of none the attributions it finalised as it read them (``GoldUpdate.records``).
+        given = gold_update.records
+        from_tables = tuple(n for n in PUBLISHED if n not in given)
         wrote_gold = bool(from_tables & self.tables.versions.keys()) or (
             first_of_run and (span is not None or gold_update.advanced)
         )
         kafka_outcome = self.kafka_outcome = self._publish(
-            batch_id, from_tables if wrote_gold else (), minutes or []
+            batch_id, from_tables if wrote_gold else (), [r for rs in given.values() for r in rs]
         )
         if span is not None and hourly is not None:
             # A data batch's hourly pass: after its transaction, which it would delay by ~2 s
@@ -411,15 +412,15 @@ class AttributionSink:
         if self.ctx.guard is not None:
             self.ctx.guard()
 
-    def _publish(self, batch_id: int, tables: tuple[str, ...], minutes: list[Row]) -> str:
+    def _publish(self, batch_id: int, tables: tuple[str, ...], given: list[Row]) -> str:
         """Publishes every gold row this batch changed in one Kafka transaction with the
         batch's marker: the rows of the published ``tables`` stamped with the batch (found by
-        the stamp, so a re-execution finds the same rows), and the 1-minute windows it computed
-        but left to a pass (``minutes``: records already)."""
+        the stamp, so a re-execution finds the same rows), and the records the batch's gold
+        update made as it wrote (``given``: ``GoldUpdate.records``)."""
         publisher = self.ctx.publisher
         if publisher is None:
             return "disabled"
-        if not tables and not minutes:
+        if not tables and not given:
             return "nothing-to-publish"
         # The phase is split in two: finding and pulling the changed rows (Spark's and Delta's
         # work: reading the batch's new table versions), and the transaction around them.
@@ -429,7 +430,7 @@ class AttributionSink:
 
         def records() -> Iterator[tuple[bytes, bytes]]:
             nonlocal pulling
-            for row in minutes:
+            for row in given:
                 yield row.k.encode(), row.v.encode()
             if changed is None:
                 return

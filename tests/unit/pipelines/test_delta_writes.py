@@ -529,7 +529,9 @@ def test_a_batch_of_none_finalises_the_rows_its_watermark_passed_once_and_commit
 ) -> None:
     """The finalising UPDATE carries no Delta txn ids: it selects the rows it changes by their
     not being final, so a re-executed batch changes nothing and commits nothing, and neither
-    does a batch with no row due."""
+    does a batch with no row due. The records that publish what it changed, read from the table
+    before its commit or after (a batch of none reads them while it runs), are the records of
+    the rows it stamped."""
     wh = warehouse(spark, tmp_path, t.GOLD_1M)
     tables = Tables(spark, wh, "app-a", 2)
     minute = timedelta(minutes=1)
@@ -562,10 +564,10 @@ def test_a_batch_of_none_finalises_the_rows_its_watermark_passed_once_and_commit
     ).write.format("delta").mode("append").save(tables.path(t.GOLD_1M))
     before = table_version(spark, tables.path(t.GOLD_1M))
 
-    def batch(batch_id: int, w_prev: datetime, watermark: datetime) -> dict[str, int]:
-        tables.versions.clear()
-        counts: dict[str, int] = {}
-        GoldUpdate(
+    def update(
+        batch_id: int, w_prev: datetime, watermark: datetime, counts: dict[str, int]
+    ) -> GoldUpdate:
+        return GoldUpdate(
             tables,
             StepTimer(),
             batch_id,
@@ -573,8 +575,17 @@ def test_a_batch_of_none_finalises_the_rows_its_watermark_passed_once_and_commit
             watermark_ms=int((watermark - datetime(1970, 1, 1)).total_seconds() * 1000),
             counts=counts,
             lookback_seconds=600,
-        )._finalise(t.GOLD_1M, "window_end")
+        )
+
+    def batch(batch_id: int, w_prev: datetime, watermark: datetime) -> dict[str, int]:
+        tables.versions.clear()
+        counts: dict[str, int] = {}
+        update(batch_id, w_prev, watermark, counts)._finalise(t.GOLD_1M, "window_end")
         return counts
+
+    def records(batch_id: int, w_prev: datetime, watermark: datetime) -> list[Any]:
+        found = update(batch_id, w_prev, watermark, {})._finalised_records(t.GOLD_1M, "window_end")
+        return sorted(found)
 
     def table() -> list[tuple[int, bool, int, int]]:
         return sorted(
@@ -583,7 +594,10 @@ def test_a_batch_of_none_finalises_the_rows_its_watermark_passed_once_and_commit
         )
 
     # The watermark moved from minute 1 to minute 3: the windows ending at 2 and 3 are due.
+    ahead = records(7, T0 + minute, T0 + 3 * minute)
     assert batch(7, T0 + minute, T0 + 3 * minute) == {f"{t.GOLD_1M}_rows": 2}
+    stamped = sorted(changed_records(tables, 7, (t.GOLD_1M,)).collect())
+    assert len(stamped) == 2 and ahead == stamped == records(7, T0 + minute, T0 + 3 * minute)
     assert tables.versions == {t.GOLD_1M: before + 1}
     after = [(1, False, 1, 0), (1, True, 1, 0), (2, True, 2, 7), (3, True, 2, 7), (4, False, 1, 0)]
     assert table() == after

@@ -373,9 +373,12 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
             else:  # but for a window a re-attribution emptied that the table holds (batch 4)
                 changed = table_version(spark, self.tables.path(t.GOLD_1M)) != before
                 assert changed == (b == 4), b
-            minutes = update.minute_records
-            names = tuple(n for n in PUBLISHED if minutes is None or n != t.GOLD_1M)
-            records = [*(minutes or []), *changed_records(self.tables, b, names).collect()]
+            given = update.records
+            names = tuple(n for n in PUBLISHED if n not in given)
+            records = [
+                *(r for rs in given.values() for r in rs),
+                *(changed_records(self.tables, b, names).collect() if names else []),
+            ]
             self.consume(records)
             self.passes.done(b, ms(w), update.changed_minutes, plan)
 
