@@ -37,7 +37,7 @@ from pipelines.gold import (
     reopened,
     window_metrics,
 )
-from pipelines.hourly_pass import HourlyPass, union
+from pipelines.hourly_pass import HourlyPass, hull, union
 from pipelines.left_windows import Left, LeftWindows
 from pipelines.published_rows import records_of
 from pipelines.timing import StepTimer
@@ -187,7 +187,7 @@ class GoldUpdate:
             return
         assert span is not None, "a batch with accepted events has their time span"
         reattributed, left = self._attributions(rows, span)
-        minutes = span if reattributed is None else _hull(span, reattributed)
+        minutes = hull(span, reattributed)
         self.changed_minutes = minutes
         if self.hourly is not None:
             left = sorted({*left, *self.earlier_left})
@@ -195,10 +195,7 @@ class GoldUpdate:
         if self.hourly is None:
             self.records[t.GOLD_1M] = self._publish_minutes(minutes, candidates)
             return
-        pending = self.hourly.pending
-        self.since(self.hourly.since_ms)._minutes(
-            minutes if pending is None else _hull(minutes, pending), candidates
-        )
+        self.since(self.hourly.since_ms)._minutes(hull(minutes, self.hourly.pending), candidates)
 
     def _finalise_all(self) -> None:
         """A batch without accepted events: the attributions, the 1-minute windows and the
@@ -762,10 +759,6 @@ def sliding_hours(minutes: DataFrame, span: tuple[int, int]) -> DataFrame:
     return campaign_ctr(minutes.where(time_between("window_start", first, last + HOUR_MS))).where(
         time_between("window_start", first, last + SLIDE_MS)
     )
-
-
-def _hull(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
-    return min(a[0], b[0]), max(a[1], b[1])
 
 
 def _minute(ms: int) -> int:

@@ -48,9 +48,12 @@ Span = tuple[int, int]
 
 def union(a: Span | None, b: Span | None) -> Span | None:
     """The smallest span holding both (None: neither)."""
-    if a is None or b is None:
-        return a if b is None else b
-    return min(a[0], b[0]), max(a[1], b[1])
+    return b if a is None else hull(a, b)
+
+
+def hull(a: Span, b: Span | None) -> Span:
+    """The smallest span holding ``a`` and ``b`` (None: ``a``)."""
+    return a if b is None else (min(a[0], b[0]), max(a[1], b[1]))
 
 
 @dataclass(frozen=True)
