@@ -48,6 +48,8 @@ SLIDE_MS = 5 * MINUTE_MS
 HOUR_MS = 60 * MINUTE_MS
 # Columns the sink sets on every gold row it writes, not part of a recomputation.
 _DERIVED = ("is_final", "generation", "batch_id")
+# A span holding every minute (``GoldUpdate.unpassed`` not known).
+ANY_MINUTE = (-(2**62), 2**62)
 # A 1-minute window's key.
 _MINUTE_KEYS = ("window_start", "ad_id")
 # The attributions source's flag on the rows it recomputes (not a column of the table).
@@ -109,7 +111,7 @@ class GoldUpdate:
         sessions: tuple[SparkSession, ...] = (),
         carried_clicks: CarriedClicks | None = None,
         hourly: HourlyPass | None = None,
-        unpassed: tuple[int, int] | None = None,
+        unpassed: tuple[int, int] | None = ANY_MINUTE,
         left_windows: LeftWindows | None = None,
         earlier_left: list[Left] | None = None,
     ) -> None:
@@ -126,7 +128,8 @@ class GoldUpdate:
         self.hourly = hourly
         # A batch that leaves the 1-minute table to a pass: the minutes the batches since the
         # last pass changed (their events' and re-attributed conversions' span, epoch ms; None:
-        # none), the only ones whose windows the table may not hold as they are.
+        # none), the only ones whose windows the table may not hold as they are. Not given:
+        # any minute may have changed, and every due window is recomputed.
         self.unpassed = unpassed
         # The records that publish what the batch changed in a table, where it has them
         # without reading the table's rows stamped with the batch afterwards (the sink reads
@@ -267,16 +270,16 @@ class GoldUpdate:
         and the due ones some batch since the pass changed; the due ones no batch changed
         (with the watermark's delay behind the events, nearly all) are read from the table
         and only finalised and stamped, as a MERGE in every batch would have (a batch of none
-        then reads neither silver nor the attributions). A window only grows, but for one a
-        re-attributed conversion leaves: the
-        recomputation no longer produces it when that conversion was all it held, and it is
-        set to zero, not deleted, whether the table holds it yet (the range's rows) or only
-        the topic does (``candidates``). Such a zero, rare, is written to the table at once (a
-        keyed MERGE of those rows alone, the same whenever it runs again: no txn ids, so a
-        later pass of the batch's id is not skipped; not final, as a pass leaves a row it has
-        not finalised, so the latest final end still bounds what a crash can leave behind), so
-        the table holds every row the topic has ever carried, and the later recomputations and
-        the pass set it zero again."""
+        then recomputes nothing: for its windows it reads the 1-minute table alone). A window
+        only grows, but for one a re-attributed conversion leaves: the recomputation no longer
+        produces it when that conversion was all it held, and it is set to zero, not deleted,
+        whether the table holds it yet (the range's rows) or only the topic does
+        (``candidates``). Such a zero, rare, is written to the table at once (a keyed MERGE of
+        those rows alone, the same whenever it runs again: no txn ids, so a later pass of the
+        batch's id is not skipped; not final, as a pass leaves a row it has not finalised, so
+        the latest final end still bounds what a crash can leave behind), so the table holds
+        every row the topic has ever carried, and the later recomputations and the pass set it
+        zero again."""
         started = time.monotonic()
         due = (F.col("window_end") > F.timestamp_millis(F.lit(self.w_prev))) & (
             F.col("window_end") <= F.timestamp_millis(F.lit(self.watermark_ms))

@@ -552,11 +552,13 @@ def test_a_batch_of_none_finalises_the_rows_its_watermark_passed_once_and_commit
             }
             # windows ending at minutes 1..4; the one ending at 1 is final already; the one of
             # ad "c" ending at 1 is not, and is not due either (the previous batch's watermark
-            # had reached its end: not this batch's to finalise)
+            # had reached its end: not this batch's to finalise); the one of ad "d" ending at 2
+            # is due but final already (an earlier generation's: a replay's watermark restarts)
             for i, ad, final in [
                 (0, "a", True),
                 (0, "c", False),
                 (1, "a", False),
+                (1, "d", True),
                 (2, "b", False),
                 (3, "a", False),
             ]
@@ -599,7 +601,14 @@ def test_a_batch_of_none_finalises_the_rows_its_watermark_passed_once_and_commit
     stamped = sorted(changed_records(tables, 7, (t.GOLD_1M,)).collect())
     assert len(stamped) == 2 and ahead == stamped == records(7, T0 + minute, T0 + 3 * minute)
     assert tables.versions == {t.GOLD_1M: before + 1}
-    after = [(1, False, 1, 0), (1, True, 1, 0), (2, True, 2, 7), (3, True, 2, 7), (4, False, 1, 0)]
+    after = [
+        (1, False, 1, 0),
+        (1, True, 1, 0),
+        (2, True, 1, 0),
+        (2, True, 2, 7),
+        (3, True, 2, 7),
+        (4, False, 1, 0),
+    ]
     assert table() == after
     # Its commit says which batch made it (the note, as there is no txn), and the note stays
     # off the session's later writes.

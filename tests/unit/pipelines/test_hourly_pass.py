@@ -219,8 +219,9 @@ def test_passes_every_few_batches_leave_the_hours_a_pass_in_every_batch_leaves(
 # after the click a pending conversion went to, before the conversion): batch 2's moves v3 from
 # a1 to a2 and empties (5, a1), which only the topic holds (batch 1 left the table to a pass);
 # batch 4's moves v7 and empties (9, a1), which the table holds, in a minute its own events do
-# not touch; batch 6, a pass, moves v5 and empties (7, a1), which only the topic holds. Batch 8,
-# of none, finalises minute 7, as the last pass left it, and minute 8, which batch 7 changed.
+# not touch; batch 6, a pass, moves v5 and empties (7, a1), which only the topic holds. Batches of
+# none between passes: 5 finalises minute 3 as the last pass left it (read from the table); 8
+# finalises minutes 7 and 8, which batch 7 changed since the last pass (both recomputed).
 _BATCHES: list[tuple[float, list[tuple[str, str, float, str, str]]]] = [
     (0.0, [("i1", "impression", 1.2, "u1", "a1"), ("k1", "click", 1.5, "u1", "a1")]),
     (
@@ -252,7 +253,14 @@ _BATCHES: list[tuple[float, list[tuple[str, str, float, str, str]]]] = [
     ),
     (4.5, []),
     (7.0, [("k6", "click", 7.1, "u4", "a2")]),
-    (7.2, [("i6", "impression", 8.1, "u2", "a2"), ("v2", "conversion", 8.2, "u2", "")]),
+    (
+        7.2,
+        [
+            ("i9", "impression", 7.5, "u2", "a2"),
+            ("i6", "impression", 8.1, "u2", "a2"),
+            ("v2", "conversion", 8.2, "u2", ""),
+        ],
+    ),
     (9.0, []),
     (9.0, [("i7", "impression", 9.5, "u1", "a1")]),
     (9.2, [("i8", "impression", 10.1, "u1", "a1")]),
