@@ -39,7 +39,7 @@ from pipelines.gold import (
 )
 from pipelines.hourly_pass import HourlyPass, hull, union
 from pipelines.left_windows import Left, LeftWindows
-from pipelines.published_rows import records_of
+from pipelines.published_rows import records_of, stamped_by
 from pipelines.timing import StepTimer
 from pipelines.transforms import ACCEPTED
 
@@ -477,9 +477,7 @@ class GoldUpdate:
         UPDATE, this execution's or an earlier one's), as final rows with that stamp. Read
         beside the UPDATE, not after it: a batch of none's publishing waits for neither."""
         started = time.monotonic()
-        mine = (F.col("generation") == self.tables.generation) & (
-            F.col("batch_id") == self.batch_id
-        )
+        mine = stamped_by(self.tables, self.batch_id)
         rows = self._load(name).where(
             _after(end, self.w_prev) & ~_after(end, self.watermark_ms) & (~F.col("is_final") | mine)
         )

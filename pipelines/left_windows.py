@@ -18,7 +18,8 @@ recomputed; a candidate outside what the pass recomputes is not used.
 Layout: ``<checkpoint>/left_windows/<batch id>.json``, a list of ``[conversion time (epoch ms),
 advertiser, ad, campaign]``, written atomically; the files of the batch and the one before it
 are kept (only a run's first batch can be a re-execution, of the last batch an earlier run
-began). A missing file means the MERGE it precedes did not commit either. Unlike the carried
+began). A missing file means the batch re-attributed no attributed conversion (nothing is
+written then: most batches), or the MERGE it precedes did not commit either. Unlike the carried
 state, not only a cache: until the batch's windows are published and written, it is the one
 record of the ad a conversion was counted on; deleting a generation's folder before a run's
 first batch has passed loses it.
@@ -43,7 +44,7 @@ class LeftWindows:
         path = self.root / f"{batch_id}.json"
         kept = _read(path)
         both = sorted(set(kept) | set(left))
-        if both != sorted(set(kept)) or not path.exists():
+        if both and (both != sorted(set(kept)) or not path.exists()):  # none: no file
             self.root.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
             with tmp.open("w") as f:

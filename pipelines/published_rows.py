@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
 from pipelines.delta_writes import Tables
@@ -26,12 +26,17 @@ def changed_records(
 ) -> DataFrame:
     """Key ``k`` and JSON value ``v`` of every row of the published tables ``names`` stamped
     with the batch."""
-    mine = (F.col("generation") == tables.generation) & (F.col("batch_id") == batch_id)
+    mine = stamped_by(tables, batch_id)
     frames = [records_of(tables, name, tables.load(name).where(mine), batch_id) for name in names]
     out = frames[0]
     for frame in frames[1:]:
         out = out.unionByName(frame)
     return out
+
+
+def stamped_by(tables: Tables, batch_id: int) -> Column:
+    """Whether a gold row carries the stamp of batch ``batch_id`` of this generation."""
+    return (F.col("generation") == tables.generation) & (F.col("batch_id") == batch_id)
 
 
 def records_of(
