@@ -309,3 +309,23 @@ def recomputed_or_current(
     if flag is not None:
         columns.append(here.alias(flag))
     return joined.select(*columns)
+
+
+def merged(
+    table: DataFrame, source: DataFrame, *, keys: tuple[str, ...], final: str = "is_final"
+) -> DataFrame:
+    """The rows of ``table`` as a keyed MERGE of ``source`` leaves them that updates every
+    column of a matched row unless it is ``final`` and inserts the rest (the attributions
+    MERGE): a reader that needs the table after that MERGE reads it beside the MERGE instead.
+    The same whether ``table`` was read before the MERGE committed or after (run again, it
+    changes nothing), provided the query reads one snapshot: ``table`` appears in it once."""
+    columns = table.columns
+    s = source.select(*[F.col(c).alias(f"_s_{c}") for c in columns]).withColumn("_s", F.lit(True))
+    x = table.withColumn("_t", F.lit(True))
+    joined = x.join(s, [x[k] == s[f"_s_{k}"] for k in keys], "full_outer")
+    # MERGE's condition NOT t.final: a null is no match, and the table's row stays.
+    updated = F.col("_s").isNotNull() & F.coalesce(~F.col(final), F.lit(False))
+    table_row = F.col("_t").isNotNull() & ~updated
+    return joined.select(
+        *[F.when(table_row, F.col(c)).otherwise(F.col(f"_s_{c}")).alias(c) for c in columns]
+    )

@@ -33,6 +33,7 @@ from pipelines.gold import (
     CLICK_COLUMNS,
     attribute,
     campaign_ctr,
+    merged,
     recomputed_or_current,
     reopened,
     window_metrics,
@@ -145,6 +146,10 @@ class GoldUpdate:
         # A run's first batch: the windows earlier runs' re-attributions may have left behind
         # (``LeftWindows.everywhere``), candidates for its pass.
         self.earlier_left = earlier_left or []
+        # The attributions MERGE's source while that MERGE runs beside this update's reads of
+        # the attributions table (None: the table holds what they need): they read the table
+        # as that MERGE leaves it (``pipelines.gold.merged``).
+        self.merging: Merge | None = None
 
     @property
     def advanced(self) -> bool:
@@ -189,16 +194,36 @@ class GoldUpdate:
             self._finalise_all()
             return
         assert span is not None, "a batch with accepted events has their time span"
-        reattributed, left = self._attributions(rows, span)
+        attributions, reattributed, left = self._attributions(rows, span)
         minutes = hull(span, reattributed)
         self.changed_minutes = minutes
         if self.hourly is not None:
+            self._run(attributions)
             left = sorted({*left, *self.earlier_left})
+            candidates = self._left_windows(left) if left else None
+            self.since(self.hourly.since_ms)._minutes(
+                hull(minutes, self.hourly.pending), candidates
+            )
+            return
         candidates = self._left_windows(left) if left else None
-        if self.hourly is None:
+        if attributions is None:
             self.records[t.GOLD_1M] = self._publish_minutes(minutes, candidates)
             return
-        self.since(self.hourly.since_ms)._minutes(hull(minutes, self.hourly.pending), candidates)
+        # The windows to publish are computed while the attributions MERGE runs, from the
+        # attributions as it leaves them, in a session of their own (an emptied window's MERGE
+        # must not take the batch's txn ids from the attributions MERGE's confs).
+        beside = self.on(self.sessions[0]) if self.sessions else self
+        beside.merging = attributions
+
+        def publish() -> None:
+            self.records[t.GOLD_1M] = beside._publish_minutes(minutes, candidates)
+
+        try:
+            run_concurrently(
+                [lambda: self._merge(attributions), publish], together=bool(self.sessions)
+            )
+        finally:
+            attributions.source.unpersist()
 
     def _finalise_all(self) -> None:
         """A batch without accepted events: the attributions, the 1-minute windows and the
@@ -393,10 +418,11 @@ class GoldUpdate:
 
     def _attributions(
         self, rows: DataFrame, span: tuple[int, int]
-    ) -> tuple[tuple[int, int] | None, list[Left]]:
-        """MERGEs the attributions; returns the conversion-time span it (re)attributed and the
-        re-attributed conversions' ads before (``_attribution_source``), kept first where a
-        re-execution finds them (``left_windows``)."""
+    ) -> tuple[Merge | None, tuple[int, int] | None, list[Left]]:
+        """The attributions MERGE (its source cached: ``_run`` it), the conversion-time span
+        it (re)attributes and the re-attributed conversions' ads before
+        (``_attribution_source``), kept first where a re-execution finds them
+        (``left_windows``)."""
         attributions, reattributed, found = self._attribution_source(rows, span)
         left = [
             (int(r.at), str(r.advertiser_id or ""), str(r[_OLD_AD]), str(r[_OLD_CAMPAIGN] or ""))
@@ -404,8 +430,7 @@ class GoldUpdate:
         ]
         if self.left_windows is not None:
             left = self.left_windows.remember(self.batch_id, left)
-        self._run(attributions)
-        return reattributed, left
+        return attributions, reattributed, left
 
     def _minutes(self, span: tuple[int, int], candidates: DataFrame | None = None) -> None:
         minute_rows = self._minute_windows(span, candidates)
@@ -611,9 +636,15 @@ class GoldUpdate:
         keys = _MINUTE_KEYS
         values = _values(t.GOLD_1M, keys)
         lo, hi = _minute(span[0]), _minute(span[1]) + MINUTE_MS
+        attributions = self._load(t.ATTRIBUTIONS).where(time_between("conversion_time", lo, hi))
+        if self.merging is not None:
+            attributions = merged(
+                attributions,
+                self.merging.source.where(time_between("conversion_time", lo, hi)),
+                keys=self.merging.keys,
+            )
         recomputed = window_metrics(
-            self._load(t.SILVER).where(time_between("event_time", lo, hi)),
-            self._load(t.ATTRIBUTIONS).where(time_between("conversion_time", lo, hi)),
+            self._load(t.SILVER).where(time_between("event_time", lo, hi)), attributions
         )
         current = self._due(t.GOLD_1M, "window_end", also=time_between("window_start", lo, hi))
         if candidates is not None:  # windows the topic may hold and the table not yet

@@ -26,6 +26,7 @@ from pipelines.delta_writes import (
     run_concurrently,
     table_version,
 )
+from pipelines.gold import merged
 from pipelines.gold_writes import GoldUpdate
 from pipelines.hourly_pass import HourlyPass
 from pipelines.ledger import write_ledger
@@ -438,7 +439,12 @@ def test_a_batchs_attributions_merge_never_rewrites_the_files_of_earlier_final_r
     finalises the second's pending conversions and adds its own, and removes none of the files
     holding the rows earlier batches finalised (the table's layout keeps those apart: a MERGE
     whose file held every row of the run rewrote them all, every batch). Every row is as the
-    batch that last changed it left it."""
+    batch that last changed it left it. A fourth batch, a replay's (its watermark from zero),
+    brings a final conversion again, which the MERGE leaves as it is.
+
+    The table as each MERGE leaves it, computed beside the MERGE from its source
+    (``pipelines.gold.merged``, what the 1-minute windows are recomputed from while it runs), is
+    the table after it, whether read before its commit or after."""
     wh = warehouse(spark, tmp_path / "wh", t.SILVER, t.ATTRIBUTIONS)
     tables = Tables(spark, wh, "app-a", 1)
     path = tables.path(t.ATTRIBUTIONS)
@@ -458,7 +464,7 @@ def test_a_batchs_attributions_merge_never_rewrites_the_files_of_earlier_final_r
             "outcome", F.lit(ACCEPTED)
         )
         times = [T0_MS + int(m * 60_000) for _, m in new]
-        GoldUpdate(
+        update = GoldUpdate(
             tables,
             StepTimer(),
             b,
@@ -466,7 +472,21 @@ def test_a_batchs_attributions_merge_never_rewrites_the_files_of_earlier_final_r
             watermark_ms=T0_MS + w_cur_m * 60_000,
             counts={},
             lookback_seconds=20 * 60,
-        )._attributions(batch_rows, (min(times), max(times)))
+        )
+        merge, _, _ = update._attributions(batch_rows, (min(times), max(times)))
+        assert merge is not None
+
+        def as_merged() -> list[Any]:
+            table = tables.load(t.ATTRIBUTIONS)
+            return sorted(merged(table, merge.source, keys=merge.keys).collect())
+
+        before = as_merged()
+        try:
+            update._merge(merge)
+            after = as_merged()
+        finally:
+            merge.source.unpersist()
+        assert before == sorted(tables.load(t.ATTRIBUTIONS).collect()) == after, b
 
     def final_files() -> set[str]:
         held = tables.load(t.ATTRIBUTIONS).where("is_final").select("_metadata.file_name")
@@ -491,6 +511,9 @@ def test_a_batchs_attributions_merge_never_rewrites_the_files_of_earlier_final_r
         "c4": (True, 2),
         "c5": (False, 2),
     }
+    batch(3, 0, 12, ("c1", 6), ("c6", 14))  # a replay's batch: c1 final already, c3 due
+    finals = tables.load(t.ATTRIBUTIONS).where("is_final").select("conversion_id", "batch_id")
+    assert sorted(finals.collect()) == [("c1", 1), ("c2", 2), ("c3", 3), ("c4", 2)]
 
 
 def test_changed_records_are_the_batchs_stamped_rows_with_deterministic_ids(
