@@ -78,6 +78,20 @@ def test_every_batch_passes_when_every_is_one_and_a_run_without_batches_owes_not
     assert passes.at_stop() is None
 
 
+def test_spans_join_whole_and_overlap_by_the_minutes_both_touch() -> None:
+    from pipelines.gold_writes import _overlap
+    from pipelines.hourly_pass import hull, union
+
+    m = 60_000
+    assert union(None, None) is None and union(None, (1, 2)) == (1, 2) == union((1, 2), None)
+    assert hull((5, 9), None) == (5, 9) and hull((5, 9), (1, 7)) == (1, 9) == hull((1, 7), (5, 9))
+    # The minutes (their starts) of both: a span's end inside a minute touches that minute.
+    assert _overlap((m + 5, 3 * m + 1), (3 * m + 59_999, 9 * m)) == (3 * m, 3 * m)
+    assert _overlap((0, 9 * m), (2 * m + 1, 4 * m)) == (2 * m, 4 * m)
+    assert _overlap((m, 2 * m - 1), (2 * m, 3 * m)) is None
+    assert _overlap(None, (0, m)) is None and _overlap((0, m), None) is None
+
+
 def test_passes_every_few_batches_leave_the_hours_a_pass_in_every_batch_leaves(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -264,6 +278,7 @@ _BATCHES: list[tuple[float, list[tuple[str, str, float, str, str]]]] = [
     (9.0, []),
     (9.0, [("i7", "impression", 9.5, "u1", "a1")]),
     (9.2, [("i8", "impression", 10.1, "u1", "a1")]),
+    (11.0, [("i10", "impression", 11.5, "u1", "a1")]),
 ]
 
 
@@ -279,7 +294,8 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
     table) and its minutes are made by a new generation's first batch, which still zeroes the
     window (from the file the dead one kept); after batch
     8 the run dies between passes, and the next run's first batch catches the table up from
-    the tables alone."""
+    the tables alone. Batch 11, a data batch between passes, finalises a minute batch 10
+    changed and the table lacks (not one of its own events'): it recomputes it."""
     from pipelines.hourly_pass import union
     from pipelines.left_windows import LeftWindows
     from pipelines.published_rows import changed_records
@@ -464,10 +480,16 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
     every.batch(9)
     passes.batch(9)
     assert passes.seen() == every.seen() and passes.table() == every.table()
-    # A batch left to a pass, then the stop, which makes it.
+    # Batches left to a pass, then the stop, which makes them.
     every.batch(10)
     passes.batch(10)
     assert passes.seen() == every.seen() and passes.table() != every.table()
+    # A data batch between passes whose watermark passes minute 10, which batch 10 changed
+    # (not one of its own events' minutes): it recomputes that window, the table lacking it.
+    every.batch(11)
+    passes.batch(11)
+    assert passes.seen() == every.seen() and passes.table() != every.table()
+    assert passes.seen()[key(10, "a1")]["is_final"]
     every.stop()
     passes.stop()
     assert passes.passed[-2:] == [9, -1], passes.passed
