@@ -315,8 +315,18 @@ def finish(query: StreamingQuery) -> None:
     writes its batches left to the stop (the sliding hours' pass, ``pipelines.hourly_pass``).
     Nothing after a failed query: its next run's first batch makes them."""
     sink = _sinks.pop(query.id, None)
-    if sink is not None and not query.isActive and query.exception() is None:
+    if sink is None or query.isActive or query.exception() is not None:
+        return
+    try:
         sink.finish()
+    except LeaseLost as exc:  # another job took the checkpoint over: it makes the pass
+        raise JobFailedError(str(exc)) from None
+    except Exception as exc:  # a Spark or Delta failure inside the pass's writes
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise JobFailedError(
+            f"the pass owed at the stop failed ({first}): every batch is committed and "
+            "published; the 1-minute and hourly tables catch up at the next run's first batch"
+        ) from exc
 
 
 def run(

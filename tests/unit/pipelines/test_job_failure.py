@@ -1,10 +1,15 @@
 """What `adattr run` says when its streaming query fails: Spark's reason, never the dump of the
-query's plan after it; for Kafka's data-loss check, what happened and what to do."""
+query's plan after it; for Kafka's data-loss check, what happened and what to do. And what
+``finish`` does after a stop: the pass the stop owes, once, and one line if it fails."""
 
 from __future__ import annotations
 
+import pytest
+
 from app.runtime.settings import Settings
+from pipelines import job
 from pipelines.job import failure_message
+from pipelines.lease import LeaseLost
 
 SETTINGS = Settings.from_env(
     {"ADATTR_CHECKPOINTS": "/srv/cp", "ADATTR_WAREHOUSE": "/srv/wh", "ADATTR_INPUT_TOPIC": "ev"}
@@ -65,3 +70,63 @@ def test_any_other_failure_keeps_its_whole_reason_without_the_plan() -> None:
         'Proxy. Return Message: Traceback (most recent call last):\n  File "sink.py", line 9, '
         "in batch\nValueError: boom"
     )
+
+
+class _Query:
+    """What ``finish`` asks of a streaming query."""
+
+    def __init__(self, *, active: bool = False, error: str | None = None) -> None:
+        self.id = "q-1"
+        self.isActive = active
+        self.error = error
+
+    def exception(self) -> str | None:
+        return self.error
+
+
+class _Sink:
+    """A sink whose stop pass fails with ``error`` (None: succeeds); counts its passes."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.passes = 0
+
+    def finish(self) -> None:
+        self.passes += 1
+        if self.error is not None:
+            raise self.error
+
+
+def _finish(query: _Query, sink: _Sink, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(job._sinks, query.id, sink)
+    job.finish(query)  # type: ignore[arg-type]
+
+
+def test_finish_makes_the_pass_owed_at_a_clean_stop_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    stopped = _Sink()
+    _finish(_Query(), stopped, monkeypatch)
+    job.finish(_Query())  # type: ignore[arg-type]  # again, after a requested stop: nothing
+    assert stopped.passes == 1
+    # A failed query owes nothing to its stop (its next run's first batch makes the pass), and
+    # a running one nothing yet.
+    for query in (_Query(error="boom"), _Query(active=True)):
+        untouched = _Sink()
+        _finish(query, untouched, monkeypatch)
+        assert untouched.passes == 0
+
+
+def test_a_failed_pass_at_the_stop_is_one_line_that_says_nothing_is_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    java = "[DELTA_CONCURRENT_APPEND] Files were added by a concurrent update.\n\tat org.apache.x"
+    with pytest.raises(job.JobFailedError) as failed:
+        _finish(_Query(), _Sink(RuntimeError(java)), monkeypatch)
+    said = str(failed.value)
+    assert said.startswith(
+        "the pass owed at the stop failed ([DELTA_CONCURRENT_APPEND] Files were added by a "
+        "concurrent update.): every batch is committed and published; "
+    )
+    assert "org.apache" not in said
+    # A job fenced at the stop says so, as at a batch.
+    with pytest.raises(job.JobFailedError, match=r"^fenced: taken over$"):
+        _finish(_Query(), _Sink(LeaseLost("fenced: taken over")), monkeypatch)
