@@ -322,11 +322,24 @@ def finish(query: StreamingQuery) -> None:
     except LeaseLost as exc:  # another job took the checkpoint over: it makes the pass
         raise JobFailedError(str(exc)) from None
     except Exception as exc:  # a Spark or Delta failure inside the pass's writes
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = _first_line(exc)
         raise JobFailedError(
             f"the pass owed at the stop failed ({first}): every batch is committed and "
             "published; the 1-minute and hourly tables catch up at the next run's first batch"
         ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    """An error's first line: for a JVM exception PySpark does not convert (py4j's "An error
+    occurred while calling o123.execute."), the Java exception's own."""
+    java = getattr(exc, "java_exception", None)
+    text = str(exc)
+    if java is not None:
+        try:
+            text = str(java.toString())
+        except Exception:  # the JVM gone: py4j's own words
+            pass
+    return (text.strip().splitlines() or [type(exc).__name__])[0]
 
 
 def run(

@@ -97,6 +97,22 @@ class _Sink:
             raise self.error
 
 
+class _JavaException:
+    def toString(self) -> str:  # py4j's name for it
+        return (
+            "org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage "
+            "7.0 failed 1 times\n\tat org.apache.spark.scheduler.DAGScheduler.failJob"
+        )
+
+
+class _Py4JLike(Exception):
+    """What py4j raises for a Java exception PySpark does not convert (``Py4JJavaError``)."""
+
+    def __init__(self) -> None:
+        super().__init__("An error occurred while calling o1234.execute.\n")
+        self.java_exception = _JavaException()
+
+
 def _finish(query: _Query, sink: _Sink, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(job._sinks, query.id, sink)
     job.finish(query)  # type: ignore[arg-type]
@@ -127,6 +143,14 @@ def test_a_failed_pass_at_the_stop_is_one_line_that_says_nothing_is_lost(
         "concurrent update.): every batch is committed and published; "
     )
     assert "org.apache" not in said
+    # An exception PySpark leaves as py4j's (its own first line names only the call): the Java
+    # exception's first line.
+    with pytest.raises(job.JobFailedError) as failed:
+        _finish(_Query(), _Sink(_Py4JLike()), monkeypatch)
+    assert str(failed.value).startswith(
+        "the pass owed at the stop failed (org.apache.spark.SparkException: Job aborted due to "
+        "stage failure: Task 0 in stage 7.0 failed 1 times): "
+    ), str(failed.value)
     # A job fenced at the stop says so, as at a batch.
     with pytest.raises(job.JobFailedError, match=r"^fenced: taken over$"):
         _finish(_Query(), _Sink(LeaseLost("fenced: taken over")), monkeypatch)
