@@ -149,10 +149,6 @@ class GoldUpdate:
         # A run's first batch: the windows earlier runs' re-attributions may have left behind
         # (``LeftWindows.everywhere``), candidates for its pass.
         self.earlier_left = earlier_left or []
-        # The attributions MERGE's source while that MERGE runs beside this update's reads of
-        # the attributions table (None: the table holds what they need): they read the table
-        # as that MERGE leaves it (``pipelines.gold.merged``).
-        self.merging: Merge | None = None
 
     @property
     def advanced(self) -> bool:
@@ -187,7 +183,8 @@ class GoldUpdate:
         other's results, took longer here: on two cores their jobs only queue behind each
         other.) One that leaves the table to a later pass computes the same windows of its own
         events and of its watermark's move while its attributions MERGE runs, from the
-        attributions as that MERGE leaves them (``merging``; ~0.3 s a 1,000-record batch), and
+        attributions as that MERGE leaves them (``pipelines.gold.merged``; ~0.3 s a 1,000-record
+        batch), and
         publishes them from what it computed (``records``). Such a batch is never a run's
         first, so never a re-execution (a run's first batch passes).
 
@@ -216,10 +213,8 @@ class GoldUpdate:
             return
         # The windows to publish are computed while the attributions MERGE runs, from the
         # attributions as it leaves them, in a session of their own (an emptied window's MERGE
-        # must not take the batch's txn ids from the attributions MERGE's confs), and a copy
-        # (``merging`` is this batch's only).
-        beside = self.on(self.sessions[0]) if self.sessions else copy.copy(self)
-        beside.merging = attributions
+        # must not take the batch's txn ids from the attributions MERGE's confs).
+        beside = self.on(self.sessions[0]) if self.sessions else self
         merge = described(self.spark, f"{t.ATTRIBUTIONS}:merge", lambda: self._merge(attributions))
         try:
             # Leaving the block waits for the MERGE however the windows ended.
@@ -230,7 +225,7 @@ class GoldUpdate:
                 # An emptied window's zero is written once the MERGE that re-attributed its
                 # conversion has committed: a zero never precedes what emptied it.
                 self.records[t.GOLD_1M] = beside._publish_minutes(
-                    minutes, candidates, zeros_after=done.result
+                    minutes, candidates, merging=attributions, zeros_after=done.result
                 )
                 done.result()
         finally:
@@ -293,6 +288,7 @@ class GoldUpdate:
         span: tuple[int, int] | None,
         candidates: DataFrame | None = None,
         *,
+        merging: Merge | None = None,
         zeros_after: Callable[[], object] | None = None,
     ) -> list[Row]:
         """For a batch that leaves the 1-minute table to a later pass: the windows of its
@@ -319,8 +315,9 @@ class GoldUpdate:
         batch's id is not skipped; not final, as a pass leaves a row it has not finalised, so
         the latest final end still bounds what a crash can leave behind), so the table holds
         every row the topic has ever carried, and the later recomputations and the pass set it
-        zero again. ``zeros_after``: called first when there is such a zero (the result of the
-        attributions MERGE that runs beside, whose re-attribution emptied the window)."""
+        zero again. ``merging``: the attributions MERGE that runs beside (the windows count
+        the attributions as it leaves them); ``zeros_after``: called first when there is such
+        a zero (that MERGE's result: its re-attribution emptied the window)."""
         started = time.monotonic()
         due = (F.col("window_end") > F.timestamp_millis(F.lit(self.w_prev))) & (
             F.col("window_end") <= F.timestamp_millis(F.lit(self.watermark_ms))
@@ -334,7 +331,7 @@ class GoldUpdate:
         # rarely any: the due windows are the delay behind the events).
         reach = union(span, _overlap(self._due_minutes(), self.unpassed))
         if reach is not None:
-            windows = self._minute_windows(reach, candidates, flag=_RECOMPUTED)
+            windows = self._minute_windows(reach, candidates, flag=_RECOMPUTED, merging=merging)
         elif self.advanced:
             windows = recomputed_or_current(
                 None,
@@ -644,7 +641,11 @@ class GoldUpdate:
         return clicks.join(affected.select("user_id").distinct(), "user_id", "left_semi")
 
     def _minute_windows(
-        self, span: tuple[int, int], candidates: DataFrame | None = None, flag: str | None = None
+        self,
+        span: tuple[int, int],
+        candidates: DataFrame | None = None,
+        flag: str | None = None,
+        merging: Merge | None = None,
     ) -> DataFrame:
         """The 1-minute MERGE's rows (before is_final and the stamp): the windows of the span
         recomputed from silver and the attributions, the windows due to be finalised, and the
@@ -655,11 +656,11 @@ class GoldUpdate:
         values = _values(t.GOLD_1M, keys)
         lo, hi = _minute(span[0]), _minute(span[1]) + MINUTE_MS
         attributions = self._load(t.ATTRIBUTIONS).where(time_between("conversion_time", lo, hi))
-        if self.merging is not None:
+        if merging is not None:  # the attributions as that MERGE, running beside, leaves them
             attributions = merged(
                 attributions,
-                self.merging.source.where(time_between("conversion_time", lo, hi)),
-                keys=self.merging.keys,
+                merging.source.where(time_between("conversion_time", lo, hi)),
+                keys=merging.keys,
             )
         recomputed = window_metrics(
             self._load(t.SILVER).where(time_between("event_time", lo, hi)), attributions
