@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -29,8 +27,9 @@ from pyspark.sql import functions as F
 
 from pipelines import tables as t
 from pipelines.click_state import CarriedClicks
-from pipelines.delta_writes import Tables, described, noted, run_concurrently
+from pipelines.delta_writes import Tables, noted, run_concurrently
 from pipelines.gold import (
+    ATTRIBUTED,
     ATTRIBUTION_COLUMNS,
     CLICK_COLUMNS,
     attribute,
@@ -42,7 +41,8 @@ from pipelines.gold import (
 )
 from pipelines.hourly_pass import HourlyPass, hull, union
 from pipelines.left_windows import Left, LeftWindows
-from pipelines.published_rows import records_of, stamped_by
+from pipelines.pending_attributions import PendingAttributions, portable_json
+from pipelines.published_rows import records_of
 from pipelines.timing import StepTimer
 from pipelines.transforms import ACCEPTED
 
@@ -118,6 +118,7 @@ class GoldUpdate:
         unpassed: tuple[int, int] | None = ANY_MINUTE,
         left_windows: LeftWindows | None = None,
         earlier_left: list[Left] | None = None,
+        pending: PendingAttributions | None = None,
     ) -> None:
         self.tables = tables
         self.spark = tables.spark
@@ -149,6 +150,10 @@ class GoldUpdate:
         # A run's first batch: the windows earlier runs' re-attributions may have left behind
         # (``LeftWindows.everywhere``), candidates for its pass.
         self.earlier_left = earlier_left or []
+        # The attribution rows the batches since the last pass set, which every read of the
+        # table sees and the pass writes (``pipelines.pending_attributions``; a pass given
+        # none keeps its own rows there).
+        self.pending = pending if pending is not None or hourly is None else PendingAttributions()
 
     @property
     def advanced(self) -> bool:
@@ -177,21 +182,23 @@ class GoldUpdate:
         ``span``; the batch's hourly pass comes after its Kafka transaction (``pass_hours``: the
         table is published to no one).
 
-        A batch that makes a pass (``hourly``) MERGEs the attributions, then the 1-minute
-        windows of its events and of every batch since the last pass, and finalises what the
-        watermark passed since then. (Two MERGEs at once, from sources that anticipate each
-        other's results, took longer here: on two cores their jobs only queue behind each
-        other.) One that leaves the table to a later pass computes the same windows of its own
-        events and of its watermark's move while its attributions MERGE runs, from the
-        attributions as that MERGE leaves them (``pipelines.gold.merged``; ~0.3 s a 1,000-record
-        batch), and
-        publishes them from what it computed (``records``). Such a batch is never a run's
-        first, so never a re-execution (a run's first batch passes).
+        Every batch computes the attribution rows a MERGE would set and keeps them with those
+        of the batches since the last pass (``pending``), which every read of the table sees.
+        A batch that makes a pass (``hourly``) MERGEs them all, then the 1-minute windows of
+        its events and of every batch since the last pass, and finalises what the watermark
+        passed since then. (Two MERGEs at once, from sources that anticipate each other's
+        results, took longer here: on two cores their jobs only queue behind each other.) One
+        that leaves the tables to a later pass publishes the attribution rows and the windows
+        of its own events and of its watermark's move from what it computed (``records``).
+        Such a batch is never a run's first, so never a re-execution (a run's first batch
+        passes).
 
         A batch without accepted events recomputes nothing but what a pass owes: it finalises
-        the rows its watermark passed, which depend on nothing but each table's own rows, so
-        the tables are done at once, each in its own session, each by one UPDATE (the hours by
-        a MERGE when minutes changed since the last pass)."""
+        the rows its watermark passed, which depend on nothing but each table's own rows;
+        between passes it keeps the attributions and publishes both; a pass writes the tables
+        at once, each in its own session (the attributions by a MERGE of the rows kept, or an
+        UPDATE when none are; the others by an UPDATE, the hours by a MERGE when minutes
+        changed since the last pass)."""
         if rows is None:
             self._finalise_all()
             return
@@ -199,8 +206,12 @@ class GoldUpdate:
         attributions, reattributed, left = self._attributions(rows, span)
         minutes = hull(span, reattributed)
         self.changed_minutes = minutes
+        if attributions is not None and self.hourly is not None and not self.pending:
+            self._run(attributions)  # a pass with nothing kept: its own rows, as computed
+        elif attributions is not None:
+            self._keep(attributions)
         if self.hourly is not None:
-            self._run(attributions)
+            self._write_pending()
             left = sorted({*left, *self.earlier_left})
             candidates = self._left_windows(left) if left else None
             self.since(self.hourly.since_ms)._minutes(
@@ -208,52 +219,33 @@ class GoldUpdate:
             )
             return
         candidates = self._left_windows(left) if left else None
-        if attributions is None:
-            self.records[t.GOLD_1M] = self._publish_minutes(minutes, candidates)
-            return
-        # The windows to publish are computed while the attributions MERGE runs, from the
-        # attributions as it leaves them, in a session of their own (an emptied window's MERGE
-        # must not take the batch's txn ids from the attributions MERGE's confs).
-        beside = self.on(self.sessions[0]) if self.sessions else self
-        merge = described(self.spark, f"{t.ATTRIBUTIONS}:merge", lambda: self._merge(attributions))
-        try:
-            # Leaving the block waits for the MERGE however the windows ended.
-            with ThreadPoolExecutor(1, thread_name_prefix="adattr-write") as pool:
-                done = pool.submit(merge)
-                if not self.sessions:  # one session: one after the other
-                    done.result()
-                # An emptied window's zero is written once the MERGE that re-attributed its
-                # conversion has committed: a zero never precedes what emptied it.
-                self.records[t.GOLD_1M] = beside._publish_minutes(
-                    minutes, candidates, merging=attributions, zeros_after=done.result
-                )
-                done.result()
-        finally:
-            attributions.source.unpersist()
+        self.records[t.GOLD_1M] = self._publish_minutes(minutes, candidates)
 
     def _finalise_all(self) -> None:
         """A batch without accepted events: the attributions, the 1-minute windows and the
         hours its watermark passed (and the minutes a pass owes)."""
+        plan = self.hourly
+        if plan is None:
+            if self.advanced:
+                self._keep_finalised()
+                self.records[t.GOLD_1M] = self._publish_minutes(None)
+            return
+        if plan.conversions is not None:  # a run's first pass: what the table may lack
+            attributions, _, _ = self._attribution_source(None, None)
+            if attributions is not None:
+                self._keep(attributions)
+        elif self.advanced and self.pending:
+            self._keep_finalised()
         at_once = len(self.sessions) >= 2
         one, two = (
             (self.on(self.sessions[0]), self.on(self.sessions[1])) if at_once else (self, self)
         )
         writes = []
-        if self.advanced:
+        if self.pending:
+            writes.append(self._write_pending)
+        elif self.advanced:
             writes.append(lambda: self._finalise(t.ATTRIBUTIONS, "conversion_time"))
-        plan = self.hourly
-        if plan is None:
-            if self.advanced:
-
-                def publish() -> None:  # ``one`` is a copy: the records are this update's
-                    self.records[t.GOLD_1M] = one._publish_minutes(None)
-                    # while the UPDATE runs: its rows, read from either side of its commit
-                    self.records[t.ATTRIBUTIONS] = one._finalised_records(
-                        t.ATTRIBUTIONS, "conversion_time"
-                    )
-
-                writes.append(publish)
-        elif plan.pending is not None:  # minutes changed since the last pass: then the hours
+        if plan.pending is not None:  # minutes changed since the last pass: then the hours
             pending = plan.pending
 
             earlier = self._left_windows(self.earlier_left) if self.earlier_left else None
@@ -271,11 +263,12 @@ class GoldUpdate:
         run_concurrently(writes, together=at_once)
 
     def pass_stop(self) -> None:
-        """The pass owed at the stop (``hourly``): the 1-minute windows changed since the last
-        pass (their values and finality published already, by the batches that changed
-        them), then the hours."""
+        """The pass owed at the stop (``hourly``): the attribution rows kept since the last
+        pass, then the 1-minute windows changed since then (their values and finality
+        published already, by the batches that changed them), then the hours."""
         plan = self.hourly
         assert plan is not None, "a pass to make"
+        self._write_pending()
         at = self.since(plan.since_ms)
         if plan.pending is not None:
             at._minutes(plan.pending)
@@ -283,13 +276,94 @@ class GoldUpdate:
             at._finalise(t.GOLD_1M, "window_end")
         self.pass_hours(None)
 
+    def _keep(self, merge: Merge) -> None:
+        """Keeps the rows of the attributions MERGE ``merge`` (its source, cached: released
+        here) with those of the batches since the last pass (``pending``). A batch between
+        passes publishes them (``records``: the rows its MERGE would have set, so the records
+        a MERGE's rows read back would have been) and first keeps the windows they are
+        counted in beside the checkpoint (``LeftWindows.remember``: the table does not hold
+        them until the pass)."""
+        try:
+            self._keep_rows(merge.source.drop(merge.flag) if merge.flag else merge.source)
+        finally:
+            merge.source.unpersist()
+
+    def _keep_finalised(self) -> None:
+        """A batch without accepted events: the attributions its watermark passed, final and
+        with the batch's stamp, kept (``_keep``)."""
+        due = self._due(t.ATTRIBUTIONS, "conversion_time")
+        assert due is not None, "a watermark that moved"
+        self._keep_rows(self._final(due, "conversion_time"))
+
+    def _keep_rows(self, rows: DataFrame) -> None:
+        started = time.monotonic()
+        if self.pending is None:
+            raise AssertionError("a batch between passes keeps its attributions in the run's")
+        ms = F.expr("unix_millis(conversion_time)")
+        found = records_of(
+            self.tables,
+            t.ATTRIBUTIONS,
+            rows.select(*t.columns(t.ATTRIBUTIONS)).select(
+                "*", portable_json().alias("_json"), ms.alias("_at")
+            ),
+            self.batch_id,
+            extra=(
+                "conversion_id",
+                "_at",
+                "_json",
+                "status",
+                "advertiser_id",
+                "ad_id",
+                "campaign_id",
+            ),
+        ).collect()
+        self.timer.since(f"{t.ATTRIBUTIONS}:kept", started)
+        if not found:
+            return
+        if self.hourly is None:
+            counted = [
+                (int(r._at), str(r.advertiser_id or ""), str(r.ad_id), str(r.campaign_id or ""))
+                for r in found
+                if r.status == ATTRIBUTED
+            ]
+            if counted and self.left_windows is not None:
+                self.left_windows.remember(self.batch_id, [], counted=counted)
+            self.records[t.ATTRIBUTIONS] = found
+        self.pending.add([(r.conversion_id, r._at, r._json) for r in found])
+
+    def _write_pending(self) -> None:
+        """A pass: one keyed MERGE of the attribution rows kept since the last pass (each with
+        the stamp of the batch that set it), with the batch's Delta txn ids; a final row stays
+        as it is. Nothing when none are kept."""
+        if not self.pending:
+            return
+        self._run(
+            Merge(
+                t.ATTRIBUTIONS,
+                self.pending.frame(self.spark),
+                keys=("conversion_id",),
+                time_column="conversion_time",
+                update=None,  # every column; a final attribution stays as it is
+                update_condition="NOT t.is_final",
+                bounds=self.pending.bounds_ms(),
+            )
+        )
+
+    def _attributions_table(self, where: Column) -> DataFrame:
+        """The attributions (of conversion times where ``where`` holds) as the MERGE of the rows
+        kept since the last pass leaves them (``pipelines.gold.merged``): what a MERGE in every
+        batch would have left. ``where`` may only test ``conversion_time`` (a row's key fixes
+        it), so it holds for a kept row and the table's row alike."""
+        table = self._load(t.ATTRIBUTIONS).where(where)
+        if not self.pending:
+            return table
+        kept = self.pending.frame(self.spark).where(where)
+        return merged(table, kept, keys=("conversion_id",))
+
     def _publish_minutes(
         self,
         span: tuple[int, int] | None,
         candidates: DataFrame | None = None,
-        *,
-        merging: Merge | None = None,
-        zeros_after: Callable[[], object] | None = None,
     ) -> list[Row]:
         """For a batch that leaves the 1-minute table to a later pass: the windows of its
         events' ``span`` (None: none) and the windows its watermark passed, with ``is_final``
@@ -315,9 +389,8 @@ class GoldUpdate:
         batch's id is not skipped; not final, as a pass leaves a row it has not finalised, so
         the latest final end still bounds what a crash can leave behind), so the table holds
         every row the topic has ever carried, and the later recomputations and the pass set it
-        zero again. ``merging``: the attributions MERGE that runs beside (the windows count
-        the attributions as it leaves them); ``zeros_after``: called first when there is such
-        a zero (that MERGE's result: its re-attribution emptied the window)."""
+        zero again. The windows count the attributions as the pass will write them: the table's
+        with the rows kept since the last pass (``pending``, the batch's own among them)."""
         started = time.monotonic()
         due = (F.col("window_end") > F.timestamp_millis(F.lit(self.w_prev))) & (
             F.col("window_end") <= F.timestamp_millis(F.lit(self.watermark_ms))
@@ -331,7 +404,7 @@ class GoldUpdate:
         # rarely any: the due windows are the delay behind the events).
         reach = union(span, _overlap(self._due_minutes(), self.unpassed))
         if reach is not None:
-            windows = self._minute_windows(reach, candidates, flag=_RECOMPUTED, merging=merging)
+            windows = self._minute_windows(reach, candidates, flag=_RECOMPUTED)
         elif self.advanced:
             windows = recomputed_or_current(
                 None,
@@ -361,8 +434,6 @@ class GoldUpdate:
             lo, hi = _minute(reach[0]), _minute(reach[1]) + MINUTE_MS
             zeros = [r._at for r in found if not r[_RECOMPUTED] and lo <= r._at < hi]
         if zeros:
-            if zeros_after is not None:
-                zeros_after()
             self._run(
                 Merge(
                     t.GOLD_1M,
@@ -510,26 +581,11 @@ class GoldUpdate:
         self.counts[f"{name}_rows"] = n
         self.tables.committed(name)
 
-    def _finalised_records(self, name: str, end: str) -> list[Row]:
-        """The records that publish the rows ``_finalise`` sets, read from the table before
-        its UPDATE commits or after (then also on any execution of the batch): the rows ending
-        in (w_prev, w_cur] that are not final yet, or final with the batch's stamp (its
-        UPDATE, this execution's or an earlier one's), as final rows with that stamp. Read
-        beside the UPDATE, not after it: a batch of none's publishing waits for neither."""
-        started = time.monotonic()
-        mine = stamped_by(self.tables, self.batch_id)
-        rows = self._load(name).where(
-            _after(end, self.w_prev) & ~_after(end, self.watermark_ms) & (~F.col("is_final") | mine)
-        )
-        found = records_of(self.tables, name, self._final(rows, end), self.batch_id).collect()
-        self.timer.since(f"{name}:published", started)
-        return found
-
     def _load(self, name: str) -> DataFrame:
         return self.tables.load(name, self.spark)
 
     def _attribution_source(
-        self, rows: DataFrame, span: tuple[int, int]
+        self, rows: DataFrame | None, span: tuple[int, int] | None
     ) -> tuple[Merge | None, tuple[int, int] | None, list[Row]]:
         """The attributions MERGE (None: nothing to write), the conversion-time span of the
         conversions this batch (re)attributes and the pending ones among them that were
@@ -540,18 +596,25 @@ class GoldUpdate:
         arrives after its conversion gives the answer event-time order would have. A final
         attribution is never touched: its conversion time is at or behind the watermark, so no
         click that could precede it can be accepted any more. Those the watermark passed in
-        this batch become final. ``span``: the batch's accepted events' time span.
+        this batch become final. ``span``: the batch's accepted events' time span (``rows``
+        and ``span`` None: a batch without accepted events).
+
+        A run's first pass also re-attributes the conversions of silver the table may lack or
+        hold as a run that died left it (``HourlyPass.conversions``): those the batches since
+        the last pass kept and never wrote (``pipelines.pending_attributions``). Each is
+        attributed from silver's clicks as it would have been by then: a conversion's
+        attribution depends on the clicks accepted before its watermark passed it, all in
+        silver, never on the order they came in.
 
         One job finds them, attributes them and counts the source (its rows flagged
         recomputed or not): their clicks are read for a span that holds every one of them,
         from the batch's first accepted event (a new conversion, or a pending one after a new
         click) to its last plus the lookback (a pending one no later than a new click's
         lookback)."""
-        new = rows.where(F.col("outcome") == ACCEPTED)
         # Every attribution at or behind the previous watermark is final (see _due).
         pending = (
-            self._load(t.ATTRIBUTIONS)
-            .where(~F.col("is_final") & _after("conversion_time", self.w_prev))
+            self._attributions_table(_after("conversion_time", self.w_prev))
+            .where(~F.col("is_final"))
             .select(
                 F.col("conversion_id").alias("event_id"),
                 F.col("conversion_time").alias("event_time"),
@@ -562,21 +625,44 @@ class GoldUpdate:
                 F.col("campaign_id").alias(_OLD_CAMPAIGN),
             )
         )
-        reopen = reopened(
-            pending, new.where(F.col("event_type") == "click"), lookback_seconds=self.lookback
-        )
-        affected = (
-            new.where(F.col("event_type") == "conversion")
-            .select(
-                *pending.columns[:5],
-                *[F.lit(None).cast("string").alias(c) for c in (_OLD_AD, _OLD_CAMPAIGN)],
+        unattributed = [F.lit(None).cast("string").alias(c) for c in (_OLD_AD, _OLD_CAMPAIGN)]
+        parts: list[DataFrame] = []
+        reach: tuple[int, int] | None = None
+        if rows is not None:
+            assert span is not None, "a batch with accepted events has their time span"
+            new = rows.where(F.col("outcome") == ACCEPTED)
+            reopen = reopened(
+                pending, new.where(F.col("event_type") == "click"), lookback_seconds=self.lookback
             )
-            .unionByName(reopen)
-            .dropDuplicates(["event_id"])
-            .persist(StorageLevel.MEMORY_AND_DISK)  # read twice: conversions, their users
+            conversions = new.where(F.col("event_type") == "conversion")
+            parts = [conversions.select(*pending.columns[:5], *unattributed), reopen]
+            reach = (span[0], span[1] + self.lookback * 1000)
+        behind = self.hourly.conversions if self.hourly is not None else None
+        if behind is not None:
+            lo, hi = behind
+            found = (
+                self._load(t.SILVER)
+                .where(
+                    (F.col("event_type") == "conversion") & time_between("event_time", lo, hi + 1)
+                )
+                .select(*pending.columns[:5], *unattributed)
+            )
+            if parts:  # a reopened one keeps its ad before
+                found = found.join(
+                    parts[0].unionByName(parts[1]).select("event_id"), "event_id", "left_anti"
+                )
+            parts.append(found)
+            reach = union(reach, (lo, hi + 1))
+        if not parts:
+            return None, None, []
+        assert reach is not None
+        affected = parts[0]
+        for part in parts[1:]:
+            affected = affected.unionByName(part)
+        affected = affected.dropDuplicates(["event_id"]).persist(
+            StorageLevel.MEMORY_AND_DISK  # read twice: conversions, their users
         )
         try:
-            reach = (span[0], span[1] + self.lookback * 1000)
             recomputed = attribute(
                 affected, self._clicks(affected, reach), lookback_seconds=self.lookback
             )
@@ -645,7 +731,6 @@ class GoldUpdate:
         span: tuple[int, int],
         candidates: DataFrame | None = None,
         flag: str | None = None,
-        merging: Merge | None = None,
     ) -> DataFrame:
         """The 1-minute MERGE's rows (before is_final and the stamp): the windows of the span
         recomputed from silver and the attributions, the windows due to be finalised, and the
@@ -655,13 +740,7 @@ class GoldUpdate:
         keys = _MINUTE_KEYS
         values = _values(t.GOLD_1M, keys)
         lo, hi = _minute(span[0]), _minute(span[1]) + MINUTE_MS
-        attributions = self._load(t.ATTRIBUTIONS).where(time_between("conversion_time", lo, hi))
-        if merging is not None:  # the attributions as that MERGE, running beside, leaves them
-            attributions = merged(
-                attributions,
-                merging.source.where(time_between("conversion_time", lo, hi)),
-                keys=merging.keys,
-            )
+        attributions = self._attributions_table(time_between("conversion_time", lo, hi))
         recomputed = window_metrics(
             self._load(t.SILVER).where(time_between("event_time", lo, hi)), attributions
         )
@@ -693,7 +772,10 @@ class GoldUpdate:
         if not self.advanced and also is None:
             return None
         due = _after(end, self.w_prev) & ~_after(end, self.watermark_ms)
-        return self._load(name).where(~F.col("is_final") & (due if also is None else due | also))
+        when = due if also is None else due | also
+        if name == t.ATTRIBUTIONS:  # with the rows kept since the last pass
+            return self._attributions_table(when).where(~F.col("is_final"))
+        return self._load(name).where(~F.col("is_final") & when)
 
     def _final(self, source: DataFrame, end: str) -> DataFrame:
         """A gold MERGE source with is_final (the watermark has passed the row's end) and the

@@ -29,9 +29,10 @@ yet, and that is decidable once per run:
 - Closed sessions are written in the watermark interval ``(w_prev, w_cur]`` of their end: a
   batch appends when every session the table held at the start ended at or before ``w_prev``.
 
-Two marks are of another kind: how far the 1-minute table may be behind silver
-(``minutes_behind``) and the sliding-hour table behind the 1-minute table (``hours_behind``),
-which the run's first gold pass covers (``pipelines.hourly_pass``).
+Three marks are of another kind: how far the 1-minute table may be behind silver
+(``minutes_behind``), the sliding-hour table behind the 1-minute table (``hours_behind``) and
+the attributions behind silver's conversions (``conversions_behind``), which the run's first
+gold pass covers (``pipelines.hourly_pass``).
 
 The marks are read as the run starts (``pipelines.job.start``, before its query does), so
 before anything of the run is written, under the checkpoint's run lock
@@ -68,6 +69,12 @@ class HighWater:
     # left behind holds one of them.
     minutes_behind: tuple[int, int] | None = None
     minutes_final_ms: int = NEVER  # that latest end (NEVER: no final 1-minute row)
+    # The time span of silver's conversions at or after the latest conversion time of a final
+    # attribution (all of them when none is final; None: no such conversion): every
+    # attribution the runs before may have left unwritten (``pipelines.pending_attributions``)
+    # is one of theirs.
+    conversions_behind: tuple[int, int] | None = None
+    attributions_final_ms: int = NEVER  # that latest time (NEVER: no final attribution)
 
     def records_fresh(self, ranges: dict[tuple[str, int], list[int]]) -> bool:
         """Whether a batch reading these (from, to, n) offset ranges can append its records."""
@@ -92,7 +99,7 @@ class HighWater:
 
 
 def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation: int) -> HighWater:
-    """The marks, from eleven small queries run four at once: each first loads its table's
+    """The marks, from thirteen small queries run four at once: each first loads its table's
     snapshot (~0.7 s of mostly driver-side work on a cold run), one after another seven cost
     ~5 s."""
 
@@ -131,13 +138,17 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
     def sessions() -> Row | None:
         return load(t.SESSIONS).agg(F.expr("unix_millis(max(session_end))")).first()
 
-    def behind(final_of: str, rows_of: str, at: str) -> tuple[tuple[int, int] | None, int]:
-        """The latest end of a final row of ``final_of`` and the span of ``at`` of the rows of
-        ``rows_of`` at or after it."""
-        final = load(final_of).where("is_final").agg(F.expr("unix_millis(max(window_end))"))
+    def behind(
+        final_of: str, rows_of: str, at: str, end_of: str = "window_end", kind: str | None = None
+    ) -> tuple[tuple[int, int] | None, int]:
+        """The latest ``end_of`` of a final row of ``final_of`` and the span of ``at`` of the
+        rows of ``rows_of`` (of ``event_type`` ``kind``, if given) at or after it."""
+        final = load(final_of).where("is_final").agg(F.expr(f"unix_millis(max({end_of}))"))
         row = final.first()
         end = int(row[0]) if row is not None and row[0] is not None else NEVER
         rows = load(rows_of)
+        if kind is not None:
+            rows = rows.where(F.col("event_type") == kind)
         if end != NEVER:
             rows = rows.where(F.col(at) >= F.timestamp_millis(F.lit(end)))
         span = rows.agg(F.expr(f"unix_millis(min({at}))"), F.expr(f"unix_millis(max({at}))"))
@@ -151,6 +162,9 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
         ledger_f, silver_f, sessions_f = (pool.submit(f) for f in (ledger, silver, sessions))
         hours_f = pool.submit(behind, t.CTR_1H, t.GOLD_1M, "window_start")
         minutes_f = pool.submit(behind, t.GOLD_1M, t.SILVER, "event_time")
+        conversions_f = pool.submit(
+            behind, t.ATTRIBUTIONS, t.SILVER, "event_time", "conversion_time", "conversion"
+        )
         offsets: dict[tuple[str, int], int] = {}
         for future in per_table:
             for r in future.result():
@@ -169,4 +183,5 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
         int(held.until) if held.until is not None else NEVER,
         *hours_f.result(),
         *minutes_f.result(),
+        *conversions_f.result(),
     )

@@ -43,6 +43,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipelines.pending_attributions import PendingAttributions
+
 Span = tuple[int, int]
 
 
@@ -65,18 +67,28 @@ class HourlyPass:
 
     since_ms: int
     pending: Span | None = None
+    # The conversions (event-time span of silver's) whose attributions the pass recomputes
+    # (a run's first: ``HighWater.conversions_behind``; None: none).
+    conversions: Span | None = None
 
 
 class HourlyPasses:
     """The passes of one run: which batch passes, over what."""
 
-    def __init__(self, every: int, behind: Span | None, final_ms: int) -> None:
+    def __init__(
+        self, every: int, behind: Span | None, final_ms: int, conversions: Span | None = None
+    ) -> None:
         assert every >= 1, "a pass at least once in every `every` batches"
         self.every = every
-        # The 1-minute rows this run's first pass must cover (``HighWater.hours_behind``), and
-        # the latest end of a final hourly row at the run's start (``hours_final_ms``).
+        # The minutes this run's first pass must cover (``HighWater.minutes_behind``,
+        # ``hours_behind``), the conversions it re-attributes (``conversions_behind``), and the
+        # latest end of a final row of the three tables at the run's start.
         self.behind = behind
+        self.conversions = conversions
         self.final_ms = final_ms
+        # The attribution rows the batches since the last pass set, which it writes.
+        self.attributions = PendingAttributions()
+        self.since_batch = 0  # the first batch since the last pass
         self.passed = False  # whether this run has passed yet
         self.since_ms = 0  # the watermark of this run's last pass
         self.pending: Span | None = None  # accepted events' span since that pass
@@ -102,8 +114,10 @@ class HourlyPasses:
         if plan is None:
             self.pending = union(self.pending, span)
             return
-        self.passed, self.behind, self.pending = True, None, None
+        self.passed, self.behind, self.pending, self.conversions = True, None, None, None
         self.since_ms = watermark_ms
+        self.since_batch = batch_id + 1
+        self.attributions.clear()
 
     def at_stop(self) -> tuple[int, int, HourlyPass] | None:
         """The pass to make once the query has stopped: (batch id and watermark of the last
@@ -111,11 +125,12 @@ class HourlyPasses:
         if self.last is None:
             return None
         batch_id, watermark_ms = self.last
-        if self.passed and self.pending is None and watermark_ms <= self.since_ms:
+        up_to_date = self.pending is None and not self.attributions
+        if self.passed and up_to_date and watermark_ms <= self.since_ms:
             return None
         return batch_id, watermark_ms, self._pass()
 
     def _pass(self) -> HourlyPass:
         if not self.passed:  # a run's first: whatever earlier runs left behind, every due hour
-            return HourlyPass(0, union(self.behind, self.pending))
+            return HourlyPass(0, union(self.behind, self.pending), self.conversions)
         return HourlyPass(self.since_ms, self.pending)

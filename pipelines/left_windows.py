@@ -9,6 +9,13 @@ conversion's ad. A batch that dies after that MERGE and before the zero is writt
 (its MERGE then skipped by its Delta txn ids) with the new ad in the table; the old one is
 kept here, written before the MERGE, so the re-execution still knows the window.
 
+Between passes the table is not written at all (``pipelines.pending_attributions``): the old ad
+is then in the rows the run keeps, and a run that dies loses them. So a batch between passes
+also keeps here the windows of every attribution it publishes (``counted``), until a pass has
+written them; the next run's first batch, which re-attributes what the table lacks, takes them
+as candidates (below): a window the topic counted a conversion in that now holds nothing is
+published and written as zero.
+
 A batch that died there may also never be re-executed: a replay (a new generation) or a
 rewound checkpoint starts instead. So a run's first batch, which passes, takes the windows every
 generation's folder still names (``everywhere``) as candidates too: a window one names that
@@ -16,13 +23,13 @@ holds nothing now is zero whichever batch emptied it, and one that holds somethi
 recomputed; a candidate outside what the pass recomputes is not used.
 
 Layout: ``<checkpoint>/left_windows/<batch id>.json``, a list of ``[conversion time (epoch ms),
-advertiser, ad, campaign]``, written atomically; the files of the batch and the one before it
-are kept (only a run's first batch can be a re-execution, of the last batch an earlier run
-began). A missing file means the batch re-attributed no attributed conversion (nothing is
-written then: most batches), or the MERGE it precedes did not commit either. Unlike the carried
-state, not only a cache: until the batch's windows are published and written, it is the one
-record of the ad a conversion was counted on; deleting a generation's folder before a run's
-first batch has passed loses it.
+advertiser, ad, campaign]``, written atomically; the files of the batches since the last pass and of
+the latest batch are kept (only a run's first batch can be a re-execution, of the last batch an
+earlier run began: ``forget_before``, once a batch is done). A missing file means the batch re-
+attributed no attributed conversion (nothing is written then: most batches), or the MERGE it
+precedes did not commit either. Unlike the carried state, not only a cache: until the batch's
+windows are published and written, it is the one record of the ad a conversion was counted on;
+deleting a generation's folder before a run's first batch has passed loses it.
 """
 
 from __future__ import annotations
@@ -38,12 +45,20 @@ class LeftWindows:
     def __init__(self, checkpoint: Path) -> None:
         self.root = checkpoint / "left_windows"
 
-    def remember(self, batch_id: int, left: list[Left]) -> list[Left]:
+    def remember(
+        self,
+        batch_id: int,
+        left: list[Left],
+        *,
+        counted: list[Left] | None = None,
+    ) -> list[Left]:
         """``left`` and whatever an earlier execution of ``batch_id`` kept, now kept together
-        (on disk before this returns)."""
+        (on disk before this returns). ``counted``: the windows the attributions the batch
+        publishes without writing them are counted in (``pipelines.pending_attributions``),
+        kept beside (not returned) until ``forget_before`` drops them."""
         path = self.root / f"{batch_id}.json"
         kept = _read(path)
-        both = sorted(set(kept) | set(left))
+        both = sorted(set(kept) | set(left) | set(counted or []))
         if both and (both != sorted(set(kept)) or not path.exists()):  # none: no file
             self.root.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
@@ -52,10 +67,13 @@ class LeftWindows:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+        return sorted(set(kept) | set(left))
+
+    def forget_before(self, batch_id: int) -> None:
+        """Drops the files of the batches before ``batch_id``."""
         for old in self.root.glob("*.json"):
-            if old.stem.isdigit() and int(old.stem) < batch_id - 1:
+            if old.stem.isdigit() and int(old.stem) < batch_id:
                 old.unlink(missing_ok=True)
-        return both
 
     def everywhere(self) -> list[Left]:
         """The windows the files of every generation's checkpoint name (the folders beside

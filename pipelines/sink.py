@@ -157,7 +157,12 @@ class AttributionSink:
         self.hourly = HourlyPasses(
             ctx.hourly_every,
             union(high_water.minutes_behind, high_water.hours_behind),
-            max(high_water.minutes_final_ms, high_water.hours_final_ms),
+            max(
+                high_water.minutes_final_ms,
+                high_water.hours_final_ms,
+                high_water.attributions_final_ms,
+            ),
+            conversions=high_water.conversions_behind,
         )
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
@@ -294,6 +299,7 @@ class AttributionSink:
             unpassed=self.hourly.pending if hourly is None else None,
             left_windows=self.left_windows,
             earlier_left=self.left_windows.everywhere() if first_of_run else None,
+            pending=self.hourly.attributions,
         )
         gold: list[Callable[[], None]] = []
         if span is not None or gold_update.due:
@@ -378,6 +384,7 @@ class AttributionSink:
         # The minutes a later pass recomputes: the batch's events' and its re-attributed
         # conversions'.
         self.hourly.done(batch_id, meta.watermark_ms, gold_update.changed_minutes, hourly)
+        self.left_windows.forget_before(min(batch_id, self.hourly.since_batch))
 
     def finish(self) -> None:
         """Once the query has stopped between batches: the hourly pass the batches since the
@@ -400,8 +407,10 @@ class AttributionSink:
             counts=counts,
             lookback_seconds=self.ctx.lookback_seconds,
             hourly=plan,
+            pending=self.hourly.attributions,
         ).pass_stop()
         self.hourly.done(batch_id, watermark_ms, None, plan)
+        self.left_windows.forget_before(batch_id + 1)
         log.info("hourly pass after batch %d: %s | %s", batch_id, counts, self.timer.describe())
 
     def _timed(self, name: str, write: Callable[[], object]) -> Callable[[], None]:

@@ -552,9 +552,7 @@ def test_a_batch_of_none_finalises_the_rows_its_watermark_passed_once_and_commit
 ) -> None:
     """The finalising UPDATE carries no Delta txn ids: it selects the rows it changes by their
     not being final, so a re-executed batch changes nothing and commits nothing, and neither
-    does a batch with no row due. The records that publish what it changed, read from the table
-    before its commit or after (a batch of none reads them while it runs), are the records of
-    the rows it stamped."""
+    does a batch with no row due."""
     wh = warehouse(spark, tmp_path, t.GOLD_1M)
     tables = Tables(spark, wh, "app-a", 2)
     minute = timedelta(minutes=1)
@@ -608,10 +606,6 @@ def test_a_batch_of_none_finalises_the_rows_its_watermark_passed_once_and_commit
         update(batch_id, w_prev, watermark, counts)._finalise(t.GOLD_1M, "window_end")
         return counts
 
-    def records(batch_id: int, w_prev: datetime, watermark: datetime) -> list[Any]:
-        found = update(batch_id, w_prev, watermark, {})._finalised_records(t.GOLD_1M, "window_end")
-        return sorted(found)
-
     def table() -> list[tuple[int, bool, int, int]]:
         return sorted(
             (int(r.window_end.minute), r.is_final, r.generation, r.batch_id)
@@ -619,10 +613,8 @@ def test_a_batch_of_none_finalises_the_rows_its_watermark_passed_once_and_commit
         )
 
     # The watermark moved from minute 1 to minute 3: the windows ending at 2 and 3 are due.
-    ahead = records(7, T0 + minute, T0 + 3 * minute)
     assert batch(7, T0 + minute, T0 + 3 * minute) == {f"{t.GOLD_1M}_rows": 2}
-    stamped = sorted(changed_records(tables, 7, (t.GOLD_1M,)).collect())
-    assert len(stamped) == 2 and ahead == stamped == records(7, T0 + minute, T0 + 3 * minute)
+    assert len(changed_records(tables, 7, (t.GOLD_1M,)).collect()) == 2
     assert tables.versions == {t.GOLD_1M: before + 1}
     after = [
         (1, False, 1, 0),

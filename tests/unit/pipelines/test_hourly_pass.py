@@ -276,6 +276,11 @@ _BATCHES: list[tuple[float, list[tuple[str, str, float, str, str]]]] = [
     (9.0, [("i7", "impression", 9.5, "u1", "a1")]),
     (9.2, [("i8", "impression", 10.1, "u1", "a1")]),
     (11.0, [("i10", "impression", 11.5, "u1", "a1")]),
+    (11.1, [("i11", "impression", 11.6, "u1", "a1")]),
+    (11.2, [("k9", "click", 11.9, "u9", "a1"), ("v9", "conversion", 12.5, "u9", "")]),
+    (11.4, [("k10", "click", 12.2, "u9", "a2")]),
+    (11.5, [("i12", "impression", 12.7, "u1", "a1")]),
+    (11.6, [("i13", "impression", 12.8, "u1", "a1")]),
 ]
 
 
@@ -292,7 +297,10 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
     window (from the file the dead one kept); after batch
     8 the run dies between passes, and the next run's first batch catches the table up from
     the tables alone. Batch 11, a data batch between passes, finalises a minute batch 10
-    changed and the table lacks (not one of its own events'): it recomputes it."""
+    changed and the table lacks (not one of its own events'): it recomputes it. The
+    attributions too are written by the passes alone (a batch between them commits nothing to
+    that table) and equal after every pass; after batch 13 the run dies with an attribution
+    only the topic holds, which the next run's first batch re-attributes (batch 14)."""
     from pipelines.left_windows import LeftWindows
     from pipelines.published_rows import changed_records
     from pipelines.transforms import ACCEPTED
@@ -326,7 +334,10 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
             self.passes = HourlyPasses(
                 self.every,
                 behind=union(marks.minutes_behind, marks.hours_behind),
-                final_ms=max(marks.minutes_final_ms, marks.hours_final_ms),
+                final_ms=max(
+                    marks.minutes_final_ms, marks.hours_final_ms, marks.attributions_final_ms
+                ),
+                conversions=marks.conversions_behind,
             )
 
         def batch(self, b: int, *, written: bool = True) -> None:
@@ -382,8 +393,10 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
                 unpassed=self.passes.pending if plan is None else None,
                 left_windows=self.left,
                 earlier_left=self.left.everywhere() if first else None,
+                pending=self.passes.attributions,
             )
             before = table_version(spark, self.tables.path(t.GOLD_1M))
+            attributions_before = table_version(spark, self.tables.path(t.ATTRIBUTIONS))
             if span is not None or update.due:
                 update.run(rows, span)
             if plan is not None:
@@ -393,6 +406,9 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
             else:  # but for a window a re-attribution emptied that the table holds (batch 4)
                 changed = table_version(spark, self.tables.path(t.GOLD_1M)) != before
                 assert changed == (b == 4), b
+                # The attributions it set are kept for the pass, not written.
+                now = table_version(spark, self.tables.path(t.ATTRIBUTIONS))
+                assert now == attributions_before, b
             given = update.records
             names = tuple(n for n in PUBLISHED if n not in given)
             records = [
@@ -401,6 +417,7 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
             ]
             self.consume(records)
             self.passes.done(b, ms(w), update.changed_minutes, plan)
+            self.left.forget_before(min(b, self.passes.since_batch))  # as the sink does
 
         def consume(self, records: list[Row]) -> None:
             for r in records:
@@ -422,6 +439,7 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
                 counts={},
                 lookback_seconds=600,
                 hourly=plan,
+                pending=self.passes.attributions,
             ).pass_stop()
             self.passes.done(b, w, None, plan)
             self.passed.append(-1)
@@ -429,9 +447,12 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
         def seen(self) -> dict[str, dict[str, object]]:
             return {k: row for k, (_, row) in self.view.items()}
 
-        def table(self) -> list[tuple[object, ...]]:
-            columns = [c for c in t.columns(t.GOLD_1M) if c not in ("generation", "batch_id")]
-            return sorted(tuple(r) for r in self.tables.load(t.GOLD_1M).select(columns).collect())
+        def table(self, name: str = t.GOLD_1M) -> list[tuple[object, ...]]:
+            columns = [c for c in t.columns(name) if c not in ("generation", "batch_id")]
+            return sorted(tuple(r) for r in self.tables.load(name).select(columns).collect())
+
+        def gold(self) -> tuple[list[tuple[object, ...]], ...]:
+            return self.table(), self.table(t.ATTRIBUTIONS)
 
     def window(arm: Arm, minute: int, ad: str) -> list[tuple[object, ...]]:
         held = arm.tables.load(t.GOLD_1M).where(
@@ -461,7 +482,7 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
             passes.batch(b)
         assert passes.seen() == every.seen(), f"after batch {b}"
         if passes.passed[-1] == b:  # a pass leaves the table a MERGE in every batch leaves
-            assert passes.table() == every.table(), f"after batch {b}"
+            assert passes.gold() == every.gold(), f"after batch {b}"
     # The first batch, the re-executed one (a run's first) and every third passed; the others
     # left the table to them, batches of none too (5 finalised a window).
     assert passes.passed == [0, 2, 3, 6] and every.passed == list(range(9))
@@ -470,12 +491,13 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
         assert window(every, minute, "a1") == window(passes, minute, "a1") == [(0, 0)], minute
     assert any(r["is_final"] for r in passes.seen().values())
     assert passes.table() != every.table(), "batches 7 and 8 left the table to a pass"
+    assert passes.table(t.ATTRIBUTIONS) != every.table(t.ATTRIBUTIONS), "and batch 7's v2"
     # A crash now: the next run's first batch finds what was left from the tables alone.
     passes.restart()
     assert passes.passes.final_ms == ms(7.0)
     every.batch(9)
     passes.batch(9)
-    assert passes.seen() == every.seen() and passes.table() == every.table()
+    assert passes.seen() == every.seen() and passes.gold() == every.gold()
     # Batches left to a pass, then the stop, which makes them.
     every.batch(10)
     passes.batch(10)
@@ -486,9 +508,26 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
     passes.batch(11)
     assert passes.seen() == every.seen()
     assert passes.seen()[key(10, "a1")]["is_final"]
+    # Batch 13, between passes, attributes v9 to a1, all that window (12, a1) counts, and the
+    # run dies. The next run's first batch re-attributes v9 from silver, where batch 14's click
+    # k10 now precedes it, to a2: only the window file batch 13 kept says that the topic
+    # counted v9 on a1 (the table never did), and the window is published as zero.
+    for b in (12, 13):
+        every.batch(b)
+        passes.batch(b)
+        assert passes.seen() == every.seen(), f"after batch {b}"
+    assert passes.seen()[key(12, "a1")]["conversions"] == 1
+    passes.restart()
+    every.batch(14)
+    passes.batch(14)
+    assert passes.seen() == every.seen() and passes.gold() == every.gold()
+    assert passes.seen()[key(12, "a1")]["conversions"] == 0
+    for b in (15, 16):
+        every.batch(b)
+        passes.batch(b)
     every.stop()
     passes.stop()
-    assert passes.passed[-2:] == [9, -1], passes.passed
-    assert passes.table() == every.table()
+    assert passes.passed[-5:] == [9, 12, 14, 15, -1], passes.passed
+    assert passes.gold() == every.gold()
     published = {k for k in passes.seen() if k.startswith(t.GOLD_1M)}
     assert len(published) == len(passes.table())

@@ -1,0 +1,98 @@
+"""The attribution rows the batches since the last pass set, kept on the driver until a pass
+MERGEs them into ``gold_attributions`` (``pipelines.hourly_pass``).
+
+A batch between passes computes the attribution rows a MERGE would set (its new conversions,
+the pending ones a new click reopens, those its watermark finalises), publishes them, and keeps
+them here instead of MERGEing them: the MERGE cost a 1,000-record batch at least 1 s (README
+"Performance"). Every read of the table in the run reads it through these rows
+(``pipelines.gold.merged``: the table as the MERGE of them would leave it), so each batch sees
+what a MERGE in every batch would have left; the pass writes them, with the stamps of the
+batches that set them, so the table then holds what those MERGEs would have left, row for row.
+
+Held as each row's JSON (timestamps as epoch microseconds, decimals as text: no precision or
+time zone lost on the way) and made a DataFrame from one JSON literal, in the JVM: a DataFrame of
+Python rows is a Python RDD, which starts Python workers, and nothing here depends on an
+executor that may be lost (a cached source is recomputed from its lineage then).
+
+Kept in memory only: a run that dies between passes loses them, and its next run's first batch,
+which passes, re-attributes every conversion of silver the table may lack
+(``HighWater.conversions_behind``).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    DecimalType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from pipelines import tables as t
+
+
+def _portable_type(field: StructField) -> StructField:
+    if isinstance(field.dataType, TimestampType):
+        return StructField(field.name, LongType())
+    if isinstance(field.dataType, DecimalType):
+        return StructField(field.name, StringType())
+    return field
+
+
+def _fields() -> list[StructField]:
+    return t.schema(t.ATTRIBUTIONS).fields  # parsed by Spark: once a session exists
+
+
+def _portable(field: StructField) -> Column:
+    if isinstance(field.dataType, TimestampType):
+        return F.expr(f"unix_micros(`{field.name}`)").alias(field.name)
+    return F.col(field.name).cast(_portable_type(field).dataType).alias(field.name)
+
+
+def _typed(field: StructField) -> Column:
+    column = F.col(field.name)
+    if isinstance(field.dataType, TimestampType):
+        return F.timestamp_micros(column).alias(field.name)
+    return column.cast(field.dataType).alias(field.name)
+
+
+def portable_json() -> Column:
+    """A row of the attributions table (its columns) as the JSON kept here."""
+    return F.to_json(F.struct(*[_portable(f) for f in _fields()]))
+
+
+class PendingAttributions:
+    def __init__(self) -> None:
+        # conversion id -> (conversion time in epoch ms, truncated; the row's JSON)
+        self.rows: dict[str, tuple[int, str]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+    def add(self, found: list[tuple[str, int, str]]) -> None:
+        """Rows a batch set, as (conversion id, conversion time in epoch ms, the row's JSON:
+        ``portable_json``): each replaces the row of its conversion kept before (a later
+        batch's)."""
+        for key, at_ms, value in found:
+            self.rows[key] = (at_ms, value)
+
+    def clear(self) -> None:
+        self.rows = {}
+
+    def bounds_ms(self) -> tuple[int, int]:
+        """Epoch ms at or before the earliest conversion time kept and after the latest."""
+        assert self.rows, "rows kept"
+        times = [at_ms for at_ms, _ in self.rows.values()]
+        return min(times), max(times) + 1
+
+    def frame(self, spark: SparkSession) -> DataFrame:
+        """The rows kept, typed as the table's, from one JSON literal."""
+        text = "[" + ",".join(value for _, value in self.rows.values()) + "]"
+        portable = ArrayType(StructType([_portable_type(f) for f in _fields()]))
+        array = F.from_json(F.lit(text), portable, {"mode": "FAILFAST"})
+        return spark.range(1).select(F.inline(array)).select(*[_typed(f) for f in _fields()])
