@@ -3,9 +3,10 @@ with Delta's txn ids, recomputed from silver where the batch's events can have c
 finalised where the watermark passed their end (the functions of ``pipelines.gold`` applied to
 bounded slices of silver; in a batch without accepted events, finalised by an UPDATE whose own
 condition makes it idempotent). Rows are set, never added to, so a re-executed or replayed
-batch writes the same rows. The sliding hours, and the 1-minute windows as a table, are written
-by the batches that make a pass (``pipelines.hourly_pass``), over every minute changed since the
-last one; a batch between passes publishes the 1-minute windows it computed.
+batch writes the same rows. The sliding hours, and the attributions and 1-minute windows as
+tables, are written by the batches that make a pass (``pipelines.hourly_pass``): the attribution
+rows kept since the last one (``pipelines.pending_attributions``), every minute changed since
+then; a batch between passes publishes the attribution rows and 1-minute windows it computed.
 
 Every row ending at or before the previous batch's watermark is final already (the batch that
 moved the watermark past it wrote it final or finalised it), so a batch reads and rewrites only
@@ -39,6 +40,7 @@ from pipelines.gold import (
     reopened,
     window_metrics,
 )
+from pipelines.high_water import NEVER
 from pipelines.hourly_pass import HourlyPass, hull, union
 from pipelines.left_windows import Left, LeftWindows
 from pipelines.pending_attributions import PendingAttributions, portable_json
@@ -95,9 +97,9 @@ class GoldUpdate:
     """The gold MERGEs of one batch, whose watermark moved from ``w_prev`` to ``watermark_ms``;
     row counts go to ``counts`` (the ledger), durations to ``timer``. ``sessions``: two Spark
     sessions besides the tables' own, for the writes that run at the same time as others (the
-    finalising UPDATEs of a batch of none; a data batch's windows beside its attributions
-    MERGE): each takes its commit's note from its session's confs, as a MERGE its Delta txn
-    ids, so in one shared session the first to finish would unset the others'. ``carried_clicks``:
+    finalising writes of a batch of none that passes): each takes its commit's note from its
+    session's confs, as a MERGE its Delta txn ids, so in one shared session the first to finish
+    would unset the others'. ``carried_clicks``:
     the latest clicks the batch may attribute with (``pipelines.click_state``; None: it reads
     silver's lookback). ``hourly``: the batch's pass over the sliding hours (None: it leaves
     them to a later batch)."""
@@ -138,8 +140,8 @@ class GoldUpdate:
         self.unpassed = unpassed
         # The records that publish what the batch changed in a table, where it has them
         # without reading the table's rows stamped with the batch afterwards (the sink reads
-        # the other tables'): the 1-minute windows of a batch that leaves that table to a
-        # pass, the attributions a batch of none finalised.
+        # the other tables'): the attribution rows and 1-minute windows of a batch that
+        # leaves those tables to a pass.
         self.records: dict[str, list[Row]] = {}
         # The minutes whose windows the batch changed (its events', its re-attributed
         # conversions'), which a later pass must recompute; None: none.
@@ -153,7 +155,11 @@ class GoldUpdate:
         # The attribution rows the batches since the last pass set, which every read of the
         # table sees and the pass writes (``pipelines.pending_attributions``; a pass given
         # none keeps its own rows there).
-        self.pending = pending if pending is not None or hourly is None else PendingAttributions()
+        # The batch adds its own to a copy: the run's change once it is done.
+        if pending is not None:
+            self.pending: PendingAttributions | None = pending.copy()
+        else:
+            self.pending = PendingAttributions() if hourly is not None else None
 
     @property
     def advanced(self) -> bool:
@@ -230,8 +236,10 @@ class GoldUpdate:
                 self._keep_finalised()
                 self.records[t.GOLD_1M] = self._publish_minutes(None)
             return
+        owed = plan.pending  # minutes changed since the last pass
         if plan.conversions is not None:  # a run's first pass: what the table may lack
-            attributions, _, _ = self._attribution_source(None, None)
+            attributions, reattributed, _ = self._attribution_source(None, None)
+            owed = union(owed, reattributed)
             if attributions is not None:
                 self._keep(attributions)
         elif self.advanced and self.pending:
@@ -245,8 +253,8 @@ class GoldUpdate:
             writes.append(self._write_pending)
         elif self.advanced:
             writes.append(lambda: self._finalise(t.ATTRIBUTIONS, "conversion_time"))
-        if plan.pending is not None:  # minutes changed since the last pass: then the hours
-            pending = plan.pending
+        if owed is not None:  # minutes changed since the last pass: then the hours
+            pending = owed
 
             earlier = self._left_windows(self.earlier_left) if self.earlier_left else None
 
@@ -284,7 +292,7 @@ class GoldUpdate:
         counted in beside the checkpoint (``LeftWindows.remember``: the table does not hold
         them until the pass)."""
         try:
-            self._keep_rows(merge.source.drop(merge.flag) if merge.flag else merge.source)
+            self._keep_rows(merge.source)
         finally:
             merge.source.unpersist()
 
@@ -293,9 +301,12 @@ class GoldUpdate:
         with the batch's stamp, kept (``_keep``)."""
         due = self._due(t.ATTRIBUTIONS, "conversion_time")
         assert due is not None, "a watermark that moved"
-        self._keep_rows(self._final(due, "conversion_time"))
+        n = self._keep_rows(self._final(due, "conversion_time"))
+        if n:
+            self.counts[f"{t.ATTRIBUTIONS}_rows"] = n
 
-    def _keep_rows(self, rows: DataFrame) -> None:
+    def _keep_rows(self, rows: DataFrame) -> int:
+        """``_keep`` of ``rows`` (the table's columns); how many."""
         started = time.monotonic()
         if self.pending is None:
             raise AssertionError("a batch between passes keeps its attributions in the run's")
@@ -319,7 +330,7 @@ class GoldUpdate:
         ).collect()
         self.timer.since(f"{t.ATTRIBUTIONS}:kept", started)
         if not found:
-            return
+            return 0
         if self.hourly is None:
             counted = [
                 (int(r._at), str(r.advertiser_id or ""), str(r.ad_id), str(r.campaign_id or ""))
@@ -330,6 +341,7 @@ class GoldUpdate:
                 self.left_windows.remember(self.batch_id, [], counted=counted)
             self.records[t.ATTRIBUTIONS] = found
         self.pending.add([(r.conversion_id, r._at, r._json) for r in found])
+        return len(found)
 
     def _write_pending(self) -> None:
         """A pass: one keyed MERGE of the attribution rows kept since the last pass (each with
@@ -505,8 +517,8 @@ class GoldUpdate:
     def _attributions(
         self, rows: DataFrame, span: tuple[int, int]
     ) -> tuple[Merge | None, tuple[int, int] | None, list[Left]]:
-        """The attributions MERGE (its source cached: ``_run`` it), the conversion-time span
-        it (re)attributes and the re-attributed conversions' ads before
+        """The attributions MERGE (its source cached: ``_run`` or ``_keep`` it), the
+        conversion-time span it (re)attributes and the re-attributed conversions' ads before
         (``_attribution_source``), kept first where a re-execution finds them
         (``left_windows``)."""
         attributions, reattributed, found = self._attribution_source(rows, span)
@@ -667,6 +679,9 @@ class GoldUpdate:
                 affected, self._clicks(affected, reach), lookback_seconds=self.lookback
             )
             keys = ("conversion_id",)
+            # A run's first pass writes a row at or before the latest watermark any batch ran
+            # under final: that batch may have published it final (a replay starts again at 0).
+            settled = self.hourly.settled_ms if self.hourly is not None and behind else NEVER
             source = self._final(
                 recomputed_or_current(
                     recomputed,
@@ -676,6 +691,7 @@ class GoldUpdate:
                     flag=_RECOMPUTED,
                 ),
                 "conversion_time",
+                upto=max(self.watermark_ms, settled),
             )
             merge, recomputed_rows = self._summarised(
                 Merge(
@@ -777,10 +793,11 @@ class GoldUpdate:
             return self._attributions_table(when).where(~F.col("is_final"))
         return self._load(name).where(~F.col("is_final") & when)
 
-    def _final(self, source: DataFrame, end: str) -> DataFrame:
-        """A gold MERGE source with is_final (the watermark has passed the row's end) and the
-        batch's stamp."""
-        final = F.col(end) <= F.timestamp_millis(F.lit(self.watermark_ms))
+    def _final(self, source: DataFrame, end: str, upto: int | None = None) -> DataFrame:
+        """A gold MERGE source with is_final (the watermark, or ``upto``, has passed the row's
+        end) and the batch's stamp."""
+        upto = self.watermark_ms if upto is None else upto
+        final = F.col(end) <= F.timestamp_millis(F.lit(upto))
         return self.tables.stamped(source.withColumn("is_final", final), self.batch_id)
 
     def _widen(self, span: tuple[int, int], width: int) -> tuple[int, int]:

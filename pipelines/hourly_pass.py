@@ -1,13 +1,17 @@
-"""When the gold tables no consumer waits for are brought up to date: the 1-minute windows
-(``gold_ad_metrics_1m``, as a table) and the sliding hours (``gold_campaign_ctr_1h``), not by
-every batch, by a *pass* every ``every`` batches, by a run's first batch and its stop.
+"""When the gold tables no consumer waits for are brought up to date: the attributions and the
+1-minute windows (``gold_attributions``, ``gold_ad_metrics_1m``, as tables) and the sliding
+hours (``gold_campaign_ctr_1h``), not by every batch, by a *pass* every ``every`` batches, by a
+run's first batch and its stop.
 
 Why they may lag. The sliding hours are published to no one (``schemas.ad_metrics.PUBLISHED``:
 the 1-minute windows and the attributions are) and are a pure function of the 1-minute table,
 ``campaign_ctr`` of its impressions and clicks. The 1-minute windows are published, but a batch
 between passes publishes them from the windows it computed, not from the table
 (``GoldUpdate._publish_minutes``: why that is exact), so a consumer of the topic sees every
-change at once and only the table waits. A pass recomputes every minute that a batch since the
+change at once and only the table waits. The attributions likewise: a batch between passes
+publishes the rows it computed and keeps them for the pass (``pipelines.pending_attributions``:
+why that is exact, and what a run's first pass re-attributes after a crash). A pass writes the
+attribution rows kept since the last pass, then recomputes every minute that a batch since the
 last pass changed, from silver and the attributions as they are then, then every hour holding
 one, from the 1-minute table, and finalises every row whose end the watermark passed since
 then: the rows a MERGE in each of those batches would have left, because each row is set from
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipelines.high_water import NEVER
 from pipelines.pending_attributions import PendingAttributions
 
 Span = tuple[int, int]
@@ -68,24 +73,34 @@ class HourlyPass:
     since_ms: int
     pending: Span | None = None
     # The conversions (event-time span of silver's) whose attributions the pass recomputes
-    # (a run's first: ``HighWater.conversions_behind``; None: none).
+    # (a run's first: ``HighWater.conversions_behind``; None: none), and the latest watermark
+    # a batch of any generation ran under (``offset_log.latest_watermark``): one it
+    # re-attributes at or before it was final to that batch, and is written final.
     conversions: Span | None = None
+    settled_ms: int = NEVER
 
 
 class HourlyPasses:
     """The passes of one run: which batch passes, over what."""
 
     def __init__(
-        self, every: int, behind: Span | None, final_ms: int, conversions: Span | None = None
+        self,
+        every: int,
+        behind: Span | None,
+        final_ms: int,
+        conversions: Span | None = None,
+        settled_ms: int = NEVER,
     ) -> None:
         assert every >= 1, "a pass at least once in every `every` batches"
         self.every = every
         # The minutes this run's first pass must cover (``HighWater.minutes_behind``,
         # ``hours_behind``), the conversions it re-attributes (``conversions_behind``), and the
-        # latest end of a final row of the three tables at the run's start.
+        # latest end of a final row of the three tables at the run's start, or of one that
+        # pass writes final (``settled_ms``).
         self.behind = behind
         self.conversions = conversions
-        self.final_ms = final_ms
+        self.settled_ms = settled_ms
+        self.final_ms = max(final_ms, settled_ms) if conversions is not None else final_ms
         # The attribution rows the batches since the last pass set, which it writes.
         self.attributions = PendingAttributions()
         self.since_batch = 0  # the first batch since the last pass
@@ -106,13 +121,21 @@ class HourlyPasses:
         return self._pass()
 
     def done(
-        self, batch_id: int, watermark_ms: int, span: Span | None, plan: HourlyPass | None
+        self,
+        batch_id: int,
+        watermark_ms: int,
+        span: Span | None,
+        plan: HourlyPass | None,
+        kept: PendingAttributions | None = None,
     ) -> None:
-        """Batch ``batch_id`` (its accepted events' ``span``) has completed with ``plan``; or,
-        after the stop, the stop's pass (``span`` None)."""
+        """Batch ``batch_id`` (its accepted events' ``span``) has completed with ``plan``,
+        keeping the attribution rows ``kept`` (those kept before it and its own:
+        ``GoldUpdate.pending``); or, after the stop, the stop's pass (``span`` None)."""
         self.last = (batch_id, watermark_ms)
         if plan is None:
             self.pending = union(self.pending, span)
+            if kept is not None:
+                self.attributions = kept
             return
         self.passed, self.behind, self.pending, self.conversions = True, None, None, None
         self.since_ms = watermark_ms
@@ -132,5 +155,7 @@ class HourlyPasses:
 
     def _pass(self) -> HourlyPass:
         if not self.passed:  # a run's first: whatever earlier runs left behind, every due hour
-            return HourlyPass(0, union(self.behind, self.pending), self.conversions)
+            return HourlyPass(
+                0, union(self.behind, self.pending), self.conversions, self.settled_ms
+            )
         return HourlyPass(self.since_ms, self.pending)

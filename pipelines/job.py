@@ -325,7 +325,8 @@ def finish(query: StreamingQuery) -> None:
         first = _first_line(exc)
         raise JobFailedError(
             f"the pass owed at the stop failed ({first}): every batch is committed and "
-            "published; the 1-minute and hourly tables catch up at the next run's first batch"
+            "published; the attributions, 1-minute and hourly tables catch up at the next run's "
+            "first batch"
         ) from exc
 
 

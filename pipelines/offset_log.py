@@ -50,3 +50,15 @@ def rereads(checkpoint: Path, batch_id: int, upto: dict[tuple[str, int], int]) -
         start.get(topic, {}).get(str(partition), 0) <= last
         for (topic, partition), last in upto.items()
     )
+
+
+def latest_watermark(root: Path) -> int | None:
+    """The latest watermark a batch of any generation's checkpoint under ``root`` (the folders
+    beside a generation's) ran under, from each one's newest offset log entry (None: no
+    batch)."""
+    found = [
+        read_batch_meta(offsets.parent, max(ids)).watermark_ms
+        for offsets in root.glob("*/offsets")
+        if (ids := [int(p.name) for p in offsets.iterdir() if p.name.isdigit()])
+    ]
+    return max(found, default=None)

@@ -84,6 +84,13 @@ class PendingAttributions:
     def clear(self) -> None:
         self.rows = {}
 
+    def copy(self) -> PendingAttributions:
+        """The rows kept so far, to add a batch's to without changing these (the run's change
+        only once the batch is done: ``HourlyPasses.done``)."""
+        other = PendingAttributions()
+        other.rows = dict(self.rows)
+        return other
+
     def bounds_ms(self) -> tuple[int, int]:
         """Epoch ms at or before the earliest conversion time kept and after the latest."""
         assert self.rows, "rows kept"

@@ -14,14 +14,16 @@ second execution, twice over:
    silver by ``event_id``; gold rows are *recomputed* from silver for the windows the batch
    touched and set, never incremented.
 
-A batch without accepted events changes gold only by finalising (``GoldUpdate._finalise``): an
-UPDATE of the rows not final yet whose end the watermark passed in this batch. That condition
-alone makes it a no-op on a second execution (the rows are final then), so it carries no txn
-ids, and it commits nothing when it changes nothing.
+A batch without accepted events changes gold only by finalising: between passes it keeps the
+attributions its watermark passed for the next pass; a pass finalises by an UPDATE of the rows
+not final yet whose end the watermark passed (``GoldUpdate._finalise``; that condition alone
+makes it a no-op on a second execution, so it carries no txn ids, and it commits nothing when
+it changes nothing), or MERGEs the attribution rows kept since the last pass.
 
-Two gold tables no consumer waits for, the sliding hours and the 1-minute windows as a table,
-are written by a pass every few batches (``pipelines.hourly_pass``); a batch between passes
-publishes the 1-minute windows it computed, the values the pass then writes.
+Three gold tables, the sliding hours and the attributions and 1-minute windows as tables, are
+written by a pass every few batches (``pipelines.hourly_pass``); a batch between passes
+publishes the attribution rows and 1-minute windows it computed, the values the pass then
+writes.
 
 The writes run in a fixed order (bronze, quarantine, late, silver, gold, ledger) and the ledger
 row is last, so "a ledger row exists" means "the batch is complete in every table". Everything a
@@ -50,11 +52,11 @@ from pipelines.compaction import Compactor
 from pipelines.delta_writes import Tables, described, run_concurrently
 from pipelines.dimension import DimSnapshots
 from pipelines.gold_writes import GoldUpdate
-from pipelines.high_water import HighWater
+from pipelines.high_water import NEVER, HighWater
 from pipelines.hourly_pass import HourlyPasses, union
 from pipelines.ledger import write_ledger
 from pipelines.left_windows import LeftWindows
-from pipelines.offset_log import BatchMeta, read_batch_meta
+from pipelines.offset_log import BatchMeta, latest_watermark, read_batch_meta
 from pipelines.publish import Publisher
 from pipelines.published_rows import changed_records, rows_of
 from pipelines.record_writes import (
@@ -153,7 +155,9 @@ class AttributionSink:
         )
         # Where the windows a batch's re-attributed conversions leave are kept till it is done.
         self.left_windows = LeftWindows(ctx.checkpoint)
-        # The gold passes: the 1-minute table and the sliding hours (pipelines/hourly_pass.py).
+        # The gold passes: the attributions, the 1-minute table and the sliding hours
+        # (pipelines/hourly_pass.py).
+        settled = latest_watermark(ctx.checkpoint.parent)
         self.hourly = HourlyPasses(
             ctx.hourly_every,
             union(high_water.minutes_behind, high_water.hours_behind),
@@ -163,6 +167,7 @@ class AttributionSink:
                 high_water.attributions_final_ms,
             ),
             conversions=high_water.conversions_behind,
+            settled_ms=NEVER if settled is None else settled,
         )
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
@@ -383,7 +388,9 @@ class AttributionSink:
         crash_point(self.ctx.crash_at, "after_ledger_before_commit_log")
         # The minutes a later pass recomputes: the batch's events' and its re-attributed
         # conversions'.
-        self.hourly.done(batch_id, meta.watermark_ms, gold_update.changed_minutes, hourly)
+        self.hourly.done(
+            batch_id, meta.watermark_ms, gold_update.changed_minutes, hourly, gold_update.pending
+        )
         self.left_windows.forget_before(min(batch_id, self.hourly.since_batch))
 
     def finish(self) -> None:

@@ -422,6 +422,51 @@ def test_a_batch_attributes_with_carried_clicks_as_with_silvers_whole_lookback(
     assert attributed(CarriedClicks(None, T0_MS + 25 * 60_000)) == want
 
 
+def test_a_runs_first_pass_writes_final_what_a_batch_before_it_may_have_published_final(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A replay's first pass (its watermark from zero) re-attributes the conversions the table
+    may lack: kept by batches between passes of a run that died. One at or before the latest
+    watermark a batch of any generation ran under (``settled_ms``) that batch may have
+    published final, and is written final; one after it is not (no batch before it: neither)."""
+    wh = warehouse(spark, tmp_path / "wh", t.SILVER, t.ATTRIBUTIONS)
+    tables = Tables(spark, wh, "app-r", 2)
+    silver = [
+        {
+            "event_id": i,
+            "event_type": "conversion",
+            "event_time": T0 + m * MINUTE,
+            "user_id": "u1",
+            "advertiser_id": "x",
+            "revenue": Decimal("5.000000"),
+        }
+        for i, m in (("c1", 3), ("c2", 8))
+    ]
+    rows(spark, t.SILVER, *silver).write.format("delta").mode("append").save(tables.path(t.SILVER))
+
+    def final(plan: HourlyPass) -> dict[str, bool]:
+        update = GoldUpdate(
+            tables,
+            StepTimer(),
+            0,
+            w_prev=0,
+            watermark_ms=0,
+            counts={},
+            lookback_seconds=600,
+            hourly=plan,
+        )
+        merge, _, _ = update._attribution_source(None, None)
+        assert merge is not None
+        found = {r.conversion_id: r.is_final for r in merge.source.collect()}
+        merge.source.unpersist()
+        return found
+
+    behind = (T0_MS + 3 * 60_000, T0_MS + 8 * 60_000)
+    settled = T0_MS + 5 * 60_000
+    assert final(HourlyPass(0, None, behind, settled)) == {"c1": True, "c2": False}
+    assert final(HourlyPass(0, None, behind)) == {"c1": False, "c2": False}
+
+
 def merge_removed(path: str) -> set[str]:
     """The file names the table's latest MERGE commit removed (read from its Delta log)."""
     for commit in sorted(Path(path, "_delta_log").glob("*.json"), reverse=True):

@@ -66,6 +66,13 @@ def test_a_batch_under_an_hour_made_final_before_the_run_passes_itself() -> None
         plans.append(plan is not None)
         passes.done(b, w, (w + 1, w + 500), plan)
     assert plans == [True, True, True, False, False, True]
+    # Attributions its first pass re-attributes are final up to the latest watermark a batch
+    # of any generation ran under: the batches pass until their watermark reaches that too.
+    passes = HourlyPasses(5, behind=None, final_ms=10_000, conversions=(0, 1), settled_ms=12_000)
+    assert passes.plan(0, 0, own=True) == HourlyPass(0, None, (0, 1), 12_000)
+    passes.done(0, 0, None, HourlyPass(0, None, (0, 1), 12_000))
+    assert passes.plan(1, 11_000, own=True) is not None
+    assert passes.plan(2, 12_000, own=True) is None
 
 
 def test_every_batch_passes_when_every_is_one_and_a_run_without_batches_owes_nothing() -> None:
@@ -416,7 +423,7 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
                 *(changed_records(self.tables, b, names).collect() if names else []),
             ]
             self.consume(records)
-            self.passes.done(b, ms(w), update.changed_minutes, plan)
+            self.passes.done(b, ms(w), update.changed_minutes, plan, update.pending)
             self.left.forget_before(min(b, self.passes.since_batch))  # as the sink does
 
         def consume(self, records: list[Row]) -> None:
