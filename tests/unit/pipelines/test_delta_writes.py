@@ -51,6 +51,29 @@ def rows(spark: SparkSession, name: str, *values: dict[str, Any]) -> DataFrame:
     return spark.createDataFrame([tuple(v.get(c) for c in schema.names) for v in values], schema)
 
 
+def conversion(i: str, m: float) -> dict[str, Any]:
+    """A conversion of user u1 (advertiser x) ``m`` minutes after T0, as a silver row."""
+    return {
+        "event_id": i,
+        "event_type": "conversion",
+        "event_time": T0 + m * MINUTE,
+        "user_id": "u1",
+        "advertiser_id": "x",
+        "revenue": Decimal("5.000000"),
+    }
+
+
+def attribution_source(
+    update: GoldUpdate, rows: DataFrame | None, span: tuple[int, int] | None, column: str
+) -> dict[str, Any]:
+    """Conversion id -> ``column`` of the rows of the batch's attributions MERGE source."""
+    merge, _, _ = update._attribution_source(rows, span)
+    assert merge is not None
+    found = {r.conversion_id: r[column] for r in merge.source.collect()}
+    merge.source.unpersist()
+    return found
+
+
 def ledger_of(tables: Tables, batch_id: int, *, fresh: bool) -> None:
     write_ledger(
         tables,
@@ -408,11 +431,7 @@ def test_a_batch_attributes_with_carried_clicks_as_with_silvers_whole_lookback(
             lookback_seconds=lookback_s,
             carried_clicks=clicks,
         )
-        merge, _, _ = update._attribution_source(batch_rows, span)
-        assert merge is not None
-        found = {r.conversion_id: r.click_id for r in merge.source.collect()}
-        merge.source.unpersist()
-        return found
+        return attribution_source(update, batch_rows, span, "click_id")
 
     want = {"c1": "k3", "c2": "t2", "c3": None, "c4": "m", "c5": "t2", "c6": None}
     assert attributed(None) == want  # silver's whole lookback
@@ -431,17 +450,7 @@ def test_a_runs_first_pass_writes_final_what_a_batch_before_it_may_have_publishe
     published final, and is written final; one after it is not (no batch before it: neither)."""
     wh = warehouse(spark, tmp_path / "wh", t.SILVER, t.ATTRIBUTIONS)
     tables = Tables(spark, wh, "app-r", 2)
-    silver = [
-        {
-            "event_id": i,
-            "event_type": "conversion",
-            "event_time": T0 + m * MINUTE,
-            "user_id": "u1",
-            "advertiser_id": "x",
-            "revenue": Decimal("5.000000"),
-        }
-        for i, m in (("c1", 3), ("c2", 8))
-    ]
+    silver = [conversion(i, m) for i, m in (("c1", 3), ("c2", 8))]
     rows(spark, t.SILVER, *silver).write.format("delta").mode("append").save(tables.path(t.SILVER))
 
     def final(plan: HourlyPass) -> dict[str, bool]:
@@ -455,11 +464,7 @@ def test_a_runs_first_pass_writes_final_what_a_batch_before_it_may_have_publishe
             lookback_seconds=600,
             hourly=plan,
         )
-        merge, _, _ = update._attribution_source(None, None)
-        assert merge is not None
-        found = {r.conversion_id: r.is_final for r in merge.source.collect()}
-        merge.source.unpersist()
-        return found
+        return attribution_source(update, None, None, "is_final")
 
     behind = (T0_MS + 3 * 60_000, T0_MS + 8 * 60_000)
     settled = T0_MS + 5 * 60_000
@@ -493,16 +498,6 @@ def test_a_batchs_attributions_merge_never_rewrites_the_files_of_earlier_final_r
     wh = warehouse(spark, tmp_path / "wh", t.SILVER, t.ATTRIBUTIONS)
     tables = Tables(spark, wh, "app-a", 1)
     path = tables.path(t.ATTRIBUTIONS)
-
-    def conversion(i: str, m: float) -> dict[str, Any]:
-        return {
-            "event_id": i,
-            "event_type": "conversion",
-            "event_time": T0 + m * MINUTE,
-            "user_id": "u1",
-            "advertiser_id": "x",
-            "revenue": Decimal("5.000000"),
-        }
 
     def batch(b: int, w_prev_m: int, w_cur_m: int, *new: tuple[str, float]) -> None:
         batch_rows = rows(spark, t.SILVER, *(conversion(i, m) for i, m in new)).withColumn(
