@@ -23,13 +23,14 @@ holds nothing now is zero whichever batch emptied it, and one that holds somethi
 recomputed; a candidate outside what the pass recomputes is not used.
 
 Layout: ``<checkpoint>/left_windows/<batch id>.json``, a list of ``[conversion time (epoch ms),
-advertiser, ad, campaign]``, written atomically; the files of the batches since the last pass and of
-the latest batch are kept (only a run's first batch can be a re-execution, of the last batch an
-earlier run began: ``forget_before``, once a batch is done). A missing file means the batch neither
-re-attributed an attributed conversion nor, between passes, published an attributed one (most
-batches of none), or that what it precedes did not commit either. Unlike the carried state, not only a cache: until the batch's
-windows are published and written, it is the one record of the ad a conversion was counted on;
-deleting a generation's folder before a run's first batch has passed loses it.
+advertiser, ad, campaign]``, written atomically; the files of the batches since the last pass
+and of the latest batch are kept (only a run's first batch can be a re-execution, of the last
+batch an earlier run began: ``forget_before``, once a batch is done). A missing file means the
+batch neither re-attributed an attributed conversion nor, between passes, published an
+attributed one (most batches of none), or that what it precedes did not commit either. Unlike
+the carried state, not only a cache: until the batch's windows are published and written, it is
+the one record of the ad a conversion was counted on; deleting a generation's folder before a
+run's first batch has passed loses it.
 """
 
 from __future__ import annotations
