@@ -20,20 +20,22 @@ never what they hold once they are; the two MERGEs cost a data batch ~3-4 s (REA
 "Performance"), and a pass of ``every`` batches costs about as much.
 
 What a pass covers. A batch changes only minutes of its accepted events (a re-attributed
-conversion changes the minute of its conversion, a pending one's, later than the watermark
-too), each later than its watermark, so the
-batches since a pass changed minutes in the span of their accepted events, all later than the
-watermark the pass was made at. Within a run that span is kept here. A run does not know what
-the runs before it left undone (a crash between passes), so its first batch passes over every
-row that can be behind: every minute of silver's events at or after the latest end of a final
-1-minute row (``HighWater.minutes_behind``), and every hour ending after the latest final
-hourly row, from the 1-minute rows at or after that end (``HighWater.hours_behind``). That
+conversion changes the minute of its conversion, a pending one's, later than the watermark too),
+each later than its watermark, so the batches since a pass changed minutes in the span of their
+accepted events, all later than the watermark the pass was made at. Within a run that span is
+kept here. A run does not know what the runs before it left undone (a crash between passes), so
+its first batch passes over every row that can be behind: every minute of silver's events at or
+after the latest end of a final 1-minute row (``HighWater.minutes_behind``), every hour ending
+after the latest final hourly row, from the 1-minute rows at or after that end
+(``HighWater.hours_behind``), and the attributions of silver's conversions at or after the
+latest final one (``HighWater.conversions_behind``, ``pipelines.pending_attributions``). That
 holds while no batch that left its pass to a later one accepted an event in a final row, which
-is why a batch may leave it only when its watermark is at or past the latest final end of
-either table at the run's start (and silver holds no event later than the watermark that the
-generation never saw, ``HighWater.silver_unseen``): its events are later, and so are those of
-every batch after it. Within a generation the watermark is restored with the checkpoint, so
-that always holds. A replay's (or a rewound checkpoint's) watermark starts at 0, below rows an
+is why a batch may leave it only when its watermark is at or past the latest final end of the
+three tables at the run's start (and of what its first pass writes final,
+``HourlyPass.settled_ms``), and silver holds no event later than the watermark that the
+generation never saw (``HighWater.silver_unseen``): its events are later, and so are those of
+every batch after it. Within a generation the watermark is restored with the checkpoint, so that
+always holds. A replay's (or a rewound checkpoint's) watermark starts at 0, below rows an
 earlier generation made final, so its batches pass themselves, every time, as every batch did
 before, until their watermark reaches that end.
 
@@ -65,10 +67,10 @@ def hull(a: Span, b: Span | None) -> Span:
 
 @dataclass(frozen=True)
 class HourlyPass:
-    """What one pass does: recompute the hours holding a minute of ``pending`` (event-time
-    span, epoch ms; None: no minute changed since the last pass) and finalise the hours ending
-    after ``since_ms`` (the watermark of the last pass; 0: every hour not final yet) up to the
-    batch's watermark."""
+    """What one pass does: write the attribution rows kept since the last pass, recompute the
+    minutes of ``pending`` and the hours holding one (event-time span, epoch ms; None: no
+    minute changed since the last pass) and finalise the rows ending after ``since_ms`` (the
+    watermark of the last pass; 0: every row not final yet) up to the batch's watermark."""
 
     since_ms: int
     pending: Span | None = None

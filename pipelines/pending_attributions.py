@@ -67,6 +67,9 @@ def portable_json() -> Column:
 
 
 class PendingAttributions:
+    """The rows kept, one per conversion: a batch adds its own to a copy (``copy``), which the
+    run takes once the batch is done (``HourlyPasses.done``); a pass writes and clears them."""
+
     def __init__(self) -> None:
         # conversion id -> (conversion time in epoch ms, truncated; the row's JSON)
         self.rows: dict[str, tuple[int, str]] = {}
