@@ -156,10 +156,7 @@ class GoldUpdate:
         # table sees and the pass writes (``pipelines.pending_attributions``; a pass given
         # none keeps its own rows there).
         # The batch adds its own to a copy: the run's change once it is done.
-        if pending is not None:
-            self.pending: PendingAttributions | None = pending.copy()
-        else:
-            self.pending = PendingAttributions() if hourly is not None else None
+        self.pending = pending.copy() if pending is not None else PendingAttributions()
 
     @property
     def advanced(self) -> bool:
@@ -209,13 +206,12 @@ class GoldUpdate:
             self._finalise_all()
             return
         assert span is not None, "a batch with accepted events has their time span"
-        attributions, reattributed, left = self._attributions(rows, span)
+        # A pass with nothing kept MERGEs its own rows as computed; any other batch keeps them.
+        keep = self.hourly is None or bool(self.pending)
+        attributions, reattributed, left = self._attributions(rows, span, keep=keep)
         minutes = hull(span, reattributed)
         self.changed_minutes = minutes
-        if attributions is not None and self.hourly is not None and not self.pending:
-            self._run(attributions)  # a pass with nothing kept: its own rows, as computed
-        elif attributions is not None:
-            self._keep(attributions)
+        self._run(attributions)
         if self.hourly is not None:
             self._write_pending()
             left = sorted({*left, *self.earlier_left})
@@ -238,10 +234,9 @@ class GoldUpdate:
             return
         owed = plan.pending  # minutes changed since the last pass
         if plan.conversions is not None:  # a run's first pass: what the table may lack
-            attributions, reattributed, _ = self._attribution_source(None, None)
+            _, kept, reattributed, _ = self._attribution_source(None, None, keep=True)
             owed = union(owed, reattributed)
-            if attributions is not None:
-                self._keep(attributions)
+            self._hold(kept)
         elif self.advanced and self.pending:
             self._keep_finalised()
         at_once = len(self.sessions) >= 2
@@ -284,37 +279,24 @@ class GoldUpdate:
             at._finalise(t.GOLD_1M, "window_end")
         self.pass_hours(None)
 
-    def _keep(self, merge: Merge) -> None:
-        """Keeps the rows of the attributions MERGE ``merge`` (its source, cached: released
-        here) with those of the batches since the last pass (``pending``). A batch between
-        passes publishes them (``records``: the rows its MERGE would have set, so the records
-        a MERGE's rows read back would have been) and first keeps the windows they are
-        counted in beside the checkpoint (``LeftWindows.remember``: the table does not hold
-        them until the pass)."""
-        try:
-            self._keep_rows(merge.source)
-        finally:
-            merge.source.unpersist()
-
     def _keep_finalised(self) -> None:
         """A batch without accepted events: the attributions its watermark passed, final and
-        with the batch's stamp, kept (``_keep``)."""
+        with the batch's stamp, kept (``_hold``)."""
         due = self._due(t.ATTRIBUTIONS, "conversion_time")
         assert due is not None, "a watermark that moved"
-        n = self._keep_rows(self._final(due, "conversion_time"))
-        if n:
-            self.counts[f"{t.ATTRIBUTIONS}_rows"] = n
+        self._hold(self._collect(self._final(due, "conversion_time")))
 
-    def _keep_rows(self, rows: DataFrame) -> int:
-        """``_keep`` of ``rows`` (the table's columns); how many."""
+    def _collect(self, rows: DataFrame, flag: str | None = None) -> list[Row]:
+        """``rows`` (the attributions table's columns, and ``flag`` beside them) on the driver
+        by one job, each with the record that publishes it, its JSON as kept
+        (``pipelines.pending_attributions``) and its conversion time (``_at``, epoch ms)."""
         started = time.monotonic()
-        if self.pending is None:
-            raise AssertionError("a batch between passes keeps its attributions in the run's")
+        flags = (flag,) if flag is not None else ()
         ms = F.expr("unix_millis(conversion_time)")
         found = records_of(
             self.tables,
             t.ATTRIBUTIONS,
-            rows.select(*t.columns(t.ATTRIBUTIONS)).select(
+            rows.select(*t.columns(t.ATTRIBUTIONS), *flags).select(
                 "*", portable_json().alias("_json"), ms.alias("_at")
             ),
             self.batch_id,
@@ -326,11 +308,21 @@ class GoldUpdate:
                 "advertiser_id",
                 "ad_id",
                 "campaign_id",
+                *flags,
             ),
         ).collect()
         self.timer.since(f"{t.ATTRIBUTIONS}:kept", started)
+        return found
+
+    def _hold(self, found: list[Row]) -> None:
+        """Keeps the attribution rows ``found`` (``_collect``) with those of the batches since
+        the last pass (``pending``), and counts them. A batch between passes publishes them
+        (``records``: the rows its MERGE would have set, so the records a MERGE's rows read
+        back would have been) and first keeps the windows they are counted in beside the
+        checkpoint (``LeftWindows.remember``: the table does not hold them until the pass)."""
         if not found:
-            return 0
+            return
+        self.counts[f"{t.ATTRIBUTIONS}_rows"] = len(found)
         if self.hourly is None:
             counted = [
                 (int(r._at), str(r.advertiser_id or ""), str(r.ad_id), str(r.campaign_id or ""))
@@ -341,7 +333,6 @@ class GoldUpdate:
                 self.left_windows.remember(self.batch_id, [], counted=counted)
             self.records[t.ATTRIBUTIONS] = found
         self.pending.add([(r.conversion_id, r._at, r._json) for r in found])
-        return len(found)
 
     def _write_pending(self) -> None:
         """A pass: one keyed MERGE of the attribution rows kept since the last pass (each with
@@ -515,19 +506,20 @@ class GoldUpdate:
             at._finalise(t.CTR_1H, "window_end")
 
     def _attributions(
-        self, rows: DataFrame, span: tuple[int, int]
+        self, rows: DataFrame, span: tuple[int, int], *, keep: bool
     ) -> tuple[Merge | None, tuple[int, int] | None, list[Left]]:
-        """The attributions MERGE (its source cached: ``_run`` or ``_keep`` it), the
-        conversion-time span it (re)attributes and the re-attributed conversions' ads before
-        (``_attribution_source``), kept first where a re-execution finds them
-        (``left_windows``)."""
-        attributions, reattributed, found = self._attribution_source(rows, span)
+        """The attributions MERGE (None when ``keep``: its rows are kept, ``_hold``; otherwise
+        its source cached: ``_run`` it), the conversion-time span it (re)attributes and the
+        re-attributed conversions' ads before (``_attribution_source``), kept first where a
+        re-execution finds them (``left_windows``)."""
+        attributions, kept, reattributed, found = self._attribution_source(rows, span, keep=keep)
         left = [
             (int(r.at), str(r.advertiser_id or ""), str(r[_OLD_AD]), str(r[_OLD_CAMPAIGN] or ""))
             for r in found
         ]
         if self.left_windows is not None:
             left = self.left_windows.remember(self.batch_id, left)
+        self._hold(kept)
         return attributions, reattributed, left
 
     def _minutes(self, span: tuple[int, int], candidates: DataFrame | None = None) -> None:
@@ -597,10 +589,11 @@ class GoldUpdate:
         return self.tables.load(name, self.spark)
 
     def _attribution_source(
-        self, rows: DataFrame | None, span: tuple[int, int] | None
-    ) -> tuple[Merge | None, tuple[int, int] | None, list[Row]]:
-        """The attributions MERGE (None: nothing to write), the conversion-time span of the
-        conversions this batch (re)attributes and the pending ones among them that were
+        self, rows: DataFrame | None, span: tuple[int, int] | None, *, keep: bool
+    ) -> tuple[Merge | None, list[Row], tuple[int, int] | None, list[Row]]:
+        """The attributions MERGE (None: nothing to write, or ``keep``), its rows on the driver
+        when ``keep`` (``_collect``: to ``_hold``; otherwise none), the conversion-time span of
+        the conversions this batch (re)attributes and the pending ones among them that were
         attributed (their conversion time ``at`` in epoch ms, advertiser, and ad and campaign
         before: ``_OLD_AD``, ``_OLD_CAMPAIGN``; one job more). Those it (re)attributes
         are its new conversions, and the pending (not final)
@@ -619,7 +612,8 @@ class GoldUpdate:
         silver, never on the order they came in.
 
         One job finds them, attributes them and counts the source (its rows flagged
-        recomputed or not): their clicks are read for a span that holds every one of them,
+        recomputed or not), or collects it (``keep``: the count and spans from its rows, no job
+        more): their clicks are read for a span that holds every one of them,
         from the batch's first accepted event (a new conversion, or a pending one after a new
         click) to its last plus the lookback (a pending one no later than a new click's
         lookback)."""
@@ -638,7 +632,7 @@ class GoldUpdate:
             )
         )
         unattributed = [F.lit(None).cast("string").alias(c) for c in (_OLD_AD, _OLD_CAMPAIGN)]
-        parts: list[DataFrame] = []
+        chosen: DataFrame | None = None
         reach: tuple[int, int] | None = None
         if rows is not None:
             assert span is not None, "a batch with accepted events has their time span"
@@ -647,7 +641,7 @@ class GoldUpdate:
                 pending, new.where(F.col("event_type") == "click"), lookback_seconds=self.lookback
             )
             conversions = new.where(F.col("event_type") == "conversion")
-            parts = [conversions.select(*pending.columns[:5], *unattributed), reopen]
+            chosen = conversions.select(*pending.columns[:5], *unattributed).unionByName(reopen)
             reach = (span[0], span[1] + self.lookback * 1000)
         behind = self.hourly.conversions if self.hourly is not None else None
         if behind is not None:
@@ -659,19 +653,16 @@ class GoldUpdate:
                 )
                 .select(*pending.columns[:5], *unattributed)
             )
-            if parts:  # a reopened one keeps its ad before
-                found = found.join(
-                    parts[0].unionByName(parts[1]).select("event_id"), "event_id", "left_anti"
-                )
-            parts.append(found)
+            if chosen is None:
+                chosen = found
+            else:  # a reopened one keeps its ad before
+                anew = found.join(chosen.select("event_id"), "event_id", "left_anti")
+                chosen = chosen.unionByName(anew)
             reach = union(reach, (lo, hi + 1))
-        if not parts:
-            return None, None, []
+        if chosen is None:
+            return None, [], None, []
         assert reach is not None
-        affected = parts[0]
-        for part in parts[1:]:
-            affected = affected.unionByName(part)
-        affected = affected.dropDuplicates(["event_id"]).persist(
+        affected = chosen.dropDuplicates(["event_id"]).persist(
             StorageLevel.MEMORY_AND_DISK  # read twice: conversions, their users
         )
         try:
@@ -693,17 +684,24 @@ class GoldUpdate:
                 "conversion_time",
                 upto=max(self.watermark_ms, settled),
             )
-            merge, recomputed_rows = self._summarised(
-                Merge(
-                    t.ATTRIBUTIONS,
-                    source,
-                    keys=keys,
-                    time_column="conversion_time",
-                    update=None,  # every column; a final attribution stays as it is
-                    update_condition="NOT t.is_final",
-                    flag=_RECOMPUTED,
+            merge: Merge | None = None
+            kept: list[Row] = []
+            if keep:
+                kept = self._collect(source, flag=_RECOMPUTED)
+                at = [int(r._at) for r in kept if r[_RECOMPUTED]]
+                recomputed_rows = _Rows(len(at), (min(at), max(at))) if at else None
+            else:
+                merge, recomputed_rows = self._summarised(
+                    Merge(
+                        t.ATTRIBUTIONS,
+                        source,
+                        keys=keys,
+                        time_column="conversion_time",
+                        update=None,  # every column; a final attribution stays as it is
+                        update_condition="NOT t.is_final",
+                        flag=_RECOMPUTED,
+                    )
                 )
-            )
             # Cached by the job above (the source's).
             left = (
                 affected.where(F.col(_OLD_AD).isNotNull())
@@ -718,9 +716,9 @@ class GoldUpdate:
         finally:
             affected.unpersist()
         if recomputed_rows is None:
-            return merge, None, left
+            return merge, kept, None, left
         self.counts["attributions_computed"] = recomputed_rows.n
-        return merge, recomputed_rows.span, left
+        return merge, kept, recomputed_rows.span, left
 
     def _clicks(self, affected: DataFrame, span: tuple[int, int]) -> DataFrame:
         """The clicks that can be attributed the ``affected`` conversions (``span`` holds their

@@ -66,11 +66,17 @@ def conversion(i: str, m: float) -> dict[str, Any]:
 def attribution_source(
     update: GoldUpdate, rows: DataFrame | None, span: tuple[int, int] | None, column: str
 ) -> dict[str, Any]:
-    """Conversion id -> ``column`` of the rows of the batch's attributions MERGE source."""
-    merge, _, _ = update._attribution_source(rows, span)
+    """Conversion id -> ``column`` of the rows of the batch's attributions MERGE source, the
+    same whether a MERGE runs them (a pass with nothing kept) or the batch keeps them (their
+    JSON as kept, the same re-attributed span)."""
+    merge, _, span_run, _ = update._attribution_source(rows, span, keep=False)
     assert merge is not None
     found = {r.conversion_id: r[column] for r in merge.source.collect()}
     merge.source.unpersist()
+    none, kept, span_kept, _ = update._attribution_source(rows, span, keep=True)
+    assert none is None and span_kept == span_run
+    # A null is left out of the JSON.
+    assert {r.conversion_id: json.loads(r._json).get(column) for r in kept} == found
     return found
 
 
@@ -513,7 +519,7 @@ def test_a_batchs_attributions_merge_never_rewrites_the_files_of_earlier_final_r
             counts={},
             lookback_seconds=20 * 60,
         )
-        merge, _, _ = update._attributions(batch_rows, (min(times), max(times)))
+        merge, _, _ = update._attributions(batch_rows, (min(times), max(times)), keep=False)
         assert merge is not None
 
         def as_merged() -> list[Any]:
