@@ -153,8 +153,8 @@ class GoldUpdate:
         # (``LeftWindows.everywhere``), candidates for its pass.
         self.earlier_left = earlier_left or []
         # The attribution rows the batches since the last pass set, which every read of the
-        # table sees and the pass writes (``pipelines.pending_attributions``; a pass given
-        # none keeps its own rows there).
+        # table sees and the pass writes (``pipelines.pending_attributions``; the sink gives
+        # every batch the run's; one given none keeps its own in a new set).
         # The batch adds its own to a copy: the run's change once it is done.
         self.pending = pending.copy() if pending is not None else PendingAttributions()
 
@@ -286,10 +286,11 @@ class GoldUpdate:
         assert due is not None, "a watermark that moved"
         self._hold(self._collect(self._final(due, "conversion_time")))
 
-    def _collect(self, rows: DataFrame, flag: str | None = None) -> list[Row]:
+    def _collect(self, rows: DataFrame, flag: str | None = None, step: str = "kept") -> list[Row]:
         """``rows`` (the attributions table's columns, and ``flag`` beside them) on the driver
         by one job, each with the record that publishes it, its JSON as kept
-        (``pipelines.pending_attributions``) and its conversion time (``_at``, epoch ms)."""
+        (``pipelines.pending_attributions``) and its conversion time (``_at``, epoch ms); the
+        job's time is the timer's ``step``."""
         started = time.monotonic()
         flags = (flag,) if flag is not None else ()
         ms = F.expr("unix_millis(conversion_time)")
@@ -311,7 +312,7 @@ class GoldUpdate:
                 *flags,
             ),
         ).collect()
-        self.timer.since(f"{t.ATTRIBUTIONS}:kept", started)
+        self.timer.since(f"{t.ATTRIBUTIONS}:{step}", started)
         return found
 
     def _hold(self, found: list[Row]) -> None:
@@ -508,10 +509,11 @@ class GoldUpdate:
     def _attributions(
         self, rows: DataFrame, span: tuple[int, int], *, keep: bool
     ) -> tuple[Merge | None, tuple[int, int] | None, list[Left]]:
-        """The attributions MERGE (None when ``keep``: its rows are kept, ``_hold``; otherwise
-        its source cached: ``_run`` it), the conversion-time span it (re)attributes and the
-        re-attributed conversions' ads before (``_attribution_source``), kept first where a
-        re-execution finds them (``left_windows``)."""
+        """The attributions MERGE (None when ``keep``: its rows are kept, ``_hold``; or when
+        there is nothing to write; otherwise its source cached: ``_run`` it), the
+        conversion-time span it (re)attributes and the re-attributed conversions' ads before
+        (``_attribution_source``), kept first where a re-execution finds them
+        (``left_windows``)."""
         attributions, kept, reattributed, found = self._attribution_source(rows, span, keep=keep)
         left = [
             (int(r.at), str(r.advertiser_id or ""), str(r[_OLD_AD]), str(r[_OLD_CAMPAIGN] or ""))
@@ -687,7 +689,8 @@ class GoldUpdate:
             merge: Merge | None = None
             kept: list[Row] = []
             if keep:
-                kept = self._collect(source, flag=_RECOMPUTED)
+                # Its time is the source's too (computed by this job): not "kept" alone.
+                kept = self._collect(source, flag=_RECOMPUTED, step="source+kept")
                 at = [int(r._at) for r in kept if r[_RECOMPUTED]]
                 recomputed_rows = _Rows(len(at), (min(at), max(at))) if at else None
             else:

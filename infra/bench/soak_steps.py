@@ -20,6 +20,7 @@ STEPS = (
     "read+state+classify",
     "records",
     "gold_attributions:source",
+    "gold_attributions:source+kept",
     "gold_attributions:kept",
     "gold_attributions:merge",
     "gold_ad_metrics_1m:published",

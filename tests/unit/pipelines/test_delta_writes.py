@@ -31,6 +31,7 @@ from pipelines.gold_writes import GoldUpdate
 from pipelines.hourly_pass import HourlyPass
 from pipelines.ledger import write_ledger
 from pipelines.offset_log import BatchMeta
+from pipelines.pending_attributions import PendingAttributions
 from pipelines.published_rows import changed_records
 from pipelines.session_writes import SessionCloser, open_session_state
 from pipelines.timing import StepTimer
@@ -67,17 +68,21 @@ def attribution_source(
     update: GoldUpdate, rows: DataFrame | None, span: tuple[int, int] | None, column: str
 ) -> dict[str, Any]:
     """Conversion id -> ``column`` of the rows of the batch's attributions MERGE source, the
-    same whether a MERGE runs them (a pass with nothing kept) or the batch keeps them (their
-    JSON as kept, the same re-attributed span)."""
-    merge, _, span_run, _ = update._attribution_source(rows, span, keep=False)
+    same whether a MERGE runs them (a pass with nothing kept) or the batch keeps them (its rows
+    read back from their JSON as kept, typed as the table's; the same re-attributed span and
+    windows left)."""
+    columns = t.columns(t.ATTRIBUTIONS)
+    merge, _, span_run, left_run = update._attribution_source(rows, span, keep=False)
     assert merge is not None
-    found = {r.conversion_id: r[column] for r in merge.source.collect()}
+    run = {r.conversion_id: r for r in merge.source.select(*columns).collect()}
     merge.source.unpersist()
-    none, kept, span_kept, _ = update._attribution_source(rows, span, keep=True)
-    assert none is None and span_kept == span_run
-    # A null is left out of the JSON.
-    assert {r.conversion_id: json.loads(r._json).get(column) for r in kept} == found
-    return found
+    none, kept, span_kept, left_kept = update._attribution_source(rows, span, keep=True)
+    assert none is None and span_kept == span_run and left_kept == left_run
+    held = PendingAttributions()
+    held.add([(r.conversion_id, r._at, r._json) for r in kept])
+    assert len(kept) == len(run)
+    assert {r.conversion_id: r for r in held.frame(update.spark).select(*columns).collect()} == run
+    return {key: r[column] for key, r in run.items()}
 
 
 def ledger_of(tables: Tables, batch_id: int, *, fresh: bool) -> None:
