@@ -529,7 +529,7 @@ class GoldUpdate:
         lo, hi = _minute(span[0]), _minute(span[1]) + MINUTE_MS
         minutes = Merge(
             t.GOLD_1M,
-            self._final(minute_rows, "window_end"),
+            self._final(minute_rows, "window_end", upto=self._settled()),
             keys=_MINUTE_KEYS,
             time_column="window_start",
             update=_update_keeping_final(t.GOLD_1M),
@@ -548,6 +548,7 @@ class GoldUpdate:
             self._final(
                 recomputed_or_current(hours, due_hours, keys=hour_keys, values=hour_values),
                 "window_end",
+                upto=self._settled(),
             ),
             keys=hour_keys,
             time_column="window_start",
@@ -800,6 +801,16 @@ class GoldUpdate:
         upto = self.watermark_ms if upto is None else upto
         final = F.col(end) <= F.timestamp_millis(F.lit(upto))
         return self.tables.stamped(source.withColumn("is_final", final), self.batch_id)
+
+    def _settled(self) -> int:
+        """Up to where a pass writes 1-minute and hourly rows final: the batch's watermark, or
+        for a run's first pass the latest watermark a batch of any generation ran under
+        (``HourlyPass.settled_ms``), if later. A batch between passes publishes the windows
+        its watermark passed final while the table waits for the pass; after a crash, a
+        replay's watermark starts again at 0, and its first pass would otherwise write (and
+        publish) those windows open again, where a MERGE in every batch had left them final."""
+        settled = self.hourly.settled_ms if self.hourly is not None else NEVER
+        return max(self.watermark_ms, settled)
 
     def _widen(self, span: tuple[int, int], width: int) -> tuple[int, int]:
         """A time range holding ``span`` and the starts of the rows of ``width`` that end in

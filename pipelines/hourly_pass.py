@@ -39,6 +39,15 @@ always holds. A replay's (or a rewound checkpoint's) watermark starts at 0, belo
 earlier generation made final, so its batches pass themselves, every time, as every batch did
 before, until their watermark reaches that end.
 
+What a crash between passes leaves published. The batches since the last pass published the
+windows and attributions their watermark passed as final, which the tables do not hold yet. A
+restart re-runs the crashed batch under its own watermark, so its first pass writes them final
+again; a replay's starts at 0. So a run's first pass writes final every row at or before the
+latest watermark a batch of any generation ran under (``HourlyPass.settled_ms``, from the
+offset logs), and its batches pass until their watermark reaches it: nothing the topic carried
+final is published open again, as a MERGE in every batch, which kept a final row final, never
+did.
+
 The stop. ``finish`` passes once the query has stopped between batches, so a table read after
 a run (``verify``, ``reconcile``, a quality check) is up to date; a run that ends otherwise (a
 crash) leaves it to the next run's first batch. (The names say "hourly": the passes were the
@@ -76,8 +85,9 @@ class HourlyPass:
     pending: Span | None = None
     # The conversions (event-time span of silver's) whose attributions the pass recomputes
     # (a run's first: ``HighWater.conversions_behind``; None: none), and the latest watermark
-    # a batch of any generation ran under (``offset_log.latest_watermark``): one it
-    # re-attributes at or before it was final to that batch, and is written final.
+    # a batch of any generation ran under (``offset_log.latest_watermark``; a run's first
+    # pass only): a row it writes at or before it was final to that batch, which may have
+    # published it final, and is written final (attributions, 1-minute and hourly rows).
     conversions: Span | None = None
     settled_ms: int = NEVER
 
@@ -102,7 +112,7 @@ class HourlyPasses:
         self.behind = behind
         self.conversions = conversions
         self.settled_ms = settled_ms
-        self.final_ms = max(final_ms, settled_ms) if conversions is not None else final_ms
+        self.final_ms = max(final_ms, settled_ms)
         # The attribution rows the batches since the last pass set, which it writes.
         self.attributions = PendingAttributions()
         self.since_batch = 0  # the first batch since the last pass

@@ -66,13 +66,17 @@ def test_a_batch_under_an_hour_made_final_before_the_run_passes_itself() -> None
         plans.append(plan is not None)
         passes.done(b, w, (w + 1, w + 500), plan)
     assert plans == [True, True, True, False, False, True]
-    # Attributions its first pass re-attributes are final up to the latest watermark a batch
-    # of any generation ran under: the batches pass until their watermark reaches that too.
-    passes = HourlyPasses(5, behind=None, final_ms=10_000, conversions=(0, 1), settled_ms=12_000)
-    assert passes.plan(0, 0, own=True) == HourlyPass(0, None, (0, 1), 12_000)
-    passes.done(0, 0, None, HourlyPass(0, None, (0, 1), 12_000))
-    assert passes.plan(1, 11_000, own=True) is not None
-    assert passes.plan(2, 12_000, own=True) is None
+    # A run's first pass writes rows final up to the latest watermark a batch of any
+    # generation ran under (the topic may carry them final, the table not yet): the batches
+    # pass until their watermark reaches that too, whether or not attributions are behind.
+    for conversions in ((0, 1), None):
+        passes = HourlyPasses(
+            5, behind=None, final_ms=10_000, conversions=conversions, settled_ms=12_000
+        )
+        assert passes.plan(0, 0, own=True) == HourlyPass(0, None, conversions, 12_000)
+        passes.done(0, 0, None, HourlyPass(0, None, conversions, 12_000))
+        assert passes.plan(1, 11_000, own=True) is not None
+        assert passes.plan(2, 12_000, own=True) is None
 
 
 def test_every_batch_passes_when_every_is_one_and_a_run_without_batches_owes_nothing() -> None:
@@ -288,6 +292,7 @@ _BATCHES: list[tuple[float, list[tuple[str, str, float, str, str]]]] = [
     (11.4, [("k10", "click", 12.2, "u9", "a2")]),
     (11.5, [("i12", "impression", 12.7, "u1", "a1")]),
     (11.6, [("i13", "impression", 12.8, "u1", "a1")]),
+    (13.0, []),
 ]
 
 
@@ -332,9 +337,10 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
             self.passed: list[int] = []
             self.sessions = (spark.newSession(), spark.newSession())
 
-        def restart(self, generation: int | None = None) -> None:
+        def restart(self, generation: int | None = None, settled: float | None = None) -> None:
             """A new run after a crash, of a new checkpoint ``generation`` if given (a replay
-            instead of a restart): its marks read from the tables."""
+            instead of a restart): its marks read from the tables, and ``settled`` the latest
+            watermark a batch of any generation ran under (the offset logs')."""
             if generation is not None:
                 self.left = LeftWindows(self.checkpoints / f"gen-{generation:04d}")
             marks = read_high_water(spark, self.wh, self.tables.app_id, 1)
@@ -345,11 +351,23 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
                     marks.minutes_final_ms, marks.hours_final_ms, marks.attributions_final_ms
                 ),
                 conversions=marks.conversions_behind,
+                settled_ms=NEVER if settled is None else ms(settled),
             )
 
-        def batch(self, b: int, *, written: bool = True) -> None:
-            w_prev = ms(_BATCHES[b - 1][0]) if b else 0
-            w, events = _BATCHES[b]
+        def batch(
+            self,
+            b: int,
+            *,
+            written: bool = True,
+            replay: tuple[float, float, int] | None = None,
+        ) -> None:
+            """Batch ``b`` of ``_BATCHES``; or, with ``replay`` (previous watermark, watermark,
+            the batch of ``_BATCHES`` whose events it reads again), a replay's batch ``b``."""
+            if replay is None:
+                w_prev = ms(_BATCHES[b - 1][0]) if b else 0
+                w, events = _BATCHES[b]
+            else:
+                w_prev, w, events = ms(replay[0]), replay[1], _BATCHES[replay[2]][1]
             self.tables.versions = {}
             rows = None
             span = None
@@ -532,9 +550,30 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
     for b in (15, 16):
         every.batch(b)
         passes.batch(b)
+    # Batch 17, between passes, of none, finalises the windows of minutes 11 and 12: the topic
+    # carries them final, the table of the passes does not yet. The run dies, and a replay (a
+    # new generation: its watermark starts at 0) reads batch 16's events again. Its first pass
+    # writes final every row at or before the latest watermark a batch ran under (13.0), as a
+    # MERGE in every batch kept them final: a window the topic carried final is never
+    # published open again.
+    every.batch(17)
+    passes.batch(17)
+    assert passes.seen() == every.seen()
+    closed = {k for k, row in passes.seen().items() if row["is_final"]}
+    assert {key(11, "a1"), key(12, "a1")} <= closed
+    for arm in (every, passes):
+        arm.restart(generation=3, settled=13.0)
+    assert passes.passes.final_ms == ms(13.0)
+    for b, replay in ((18, (0.0, 0.0, 16)), (19, (0.0, 12.5, 17))):
+        every.batch(b, written=False, replay=replay)
+        passes.batch(b, written=False, replay=replay)
+        reopened = {k for k in closed if not passes.seen()[k]["is_final"]}
+        assert not reopened, f"batch {b} published final windows open again: {reopened}"
+        assert passes.passed[-1] == b, "a replay passes until its watermark reaches 13.0"
+        assert passes.gold() == every.gold(), f"after batch {b}"
     every.stop()
     passes.stop()
-    assert passes.passed[-5:] == [9, 12, 14, 15, -1], passes.passed
+    assert passes.passed[-6:] == [9, 12, 14, 15, 18, 19], passes.passed
     assert passes.gold() == every.gold()
     published = {k for k in passes.seen() if k.startswith(t.GOLD_1M)}
     assert len(published) == len(passes.table())
