@@ -540,7 +540,7 @@ class GoldUpdate:
     def _hours(self, span: tuple[int, int]) -> None:
         first, last = hour_starts(span)
         hours = sliding_hours(self._load(t.GOLD_1M), span)
-        due_hours = self._due(t.CTR_1H, "window_end")
+        due_hours = self._due(t.CTR_1H, "window_end", upto=self._settled())
         hour_keys = ("window_start", "campaign_id")
         hour_values = _values(t.CTR_1H, hour_keys)
         hour_merge = Merge(
@@ -762,7 +762,12 @@ class GoldUpdate:
         recomputed = window_metrics(
             self._load(t.SILVER).where(time_between("event_time", lo, hi)), attributions
         )
-        current = self._due(t.GOLD_1M, "window_end", also=time_between("window_start", lo, hi))
+        current = self._due(
+            t.GOLD_1M,
+            "window_end",
+            also=time_between("window_start", lo, hi),
+            upto=self._settled(),
+        )
         if candidates is not None:  # windows the topic may hold and the table not yet
             assert current is not None, "a range of the table"
             inside = candidates.where(time_between("window_start", lo, hi))
@@ -781,15 +786,19 @@ class GoldUpdate:
             flag=flag,
         )
 
-    def _due(self, name: str, end: str, also: Column | None = None) -> DataFrame | None:
+    def _due(
+        self, name: str, end: str, also: Column | None = None, upto: int | None = None
+    ) -> DataFrame | None:
         """The table's rows that are not final but whose end this batch's watermark passed,
-        (w_prev, w_cur] (or any of ``also``); None when there can be none. Every row ending at
-        or before the previous watermark is final already: the batch that moved the watermark
-        past it wrote it final or finalised it (a replay's first batch has w_prev = 0: the
-        whole table). So a batch reads, and rewrites, only the files of the rows it changes."""
-        if not self.advanced and also is None:
+        (w_prev, w_cur] (or ``upto`` in place of w_cur; or any of ``also``); None when there
+        can be none. Every row ending at or before the previous watermark is final already:
+        the batch that moved the watermark past it wrote it final or finalised it (a replay's
+        first batch has w_prev = 0: the whole table). So a batch reads, and rewrites, only the
+        files of the rows it changes."""
+        upto = self.watermark_ms if upto is None else upto
+        if upto <= self.w_prev and also is None:
             return None
-        due = _after(end, self.w_prev) & ~_after(end, self.watermark_ms)
+        due = _after(end, self.w_prev) & ~_after(end, upto)
         when = due if also is None else due | also
         if name == t.ATTRIBUTIONS:  # with the rows kept since the last pass
             return self._attributions_table(when).where(~F.col("is_final"))
@@ -803,19 +812,21 @@ class GoldUpdate:
         return self.tables.stamped(source.withColumn("is_final", final), self.batch_id)
 
     def _settled(self) -> int:
-        """Up to where a pass writes 1-minute and hourly rows final: the batch's watermark, or
-        for a run's first pass the latest watermark a batch of any generation ran under
-        (``HourlyPass.settled_ms``), if later. A batch between passes publishes the windows
-        its watermark passed final while the table waits for the pass; after a crash, a
-        replay's watermark starts again at 0, and its first pass would otherwise write (and
-        publish) those windows open again, where a MERGE in every batch had left them final."""
+        """Up to where a pass writes 1-minute and hourly rows final, and finalises those not
+        final yet (``_due``): the batch's watermark, or for a run's first pass the latest
+        watermark a batch of any generation was planned under (``HourlyPass.settled_ms``: at
+        or past every watermark a batch published under), if later. A batch between passes
+        publishes the windows its watermark passed final while the table waits for the pass;
+        after a crash, a replay's watermark starts again at 0, and its first pass would
+        otherwise write (and publish) those windows open again, where a MERGE in every batch
+        had left them final."""
         settled = self.hourly.settled_ms if self.hourly is not None else NEVER
         return max(self.watermark_ms, settled)
 
     def _widen(self, span: tuple[int, int], width: int) -> tuple[int, int]:
         """A time range holding ``span`` and the starts of the rows of ``width`` that end in
-        (w_prev, w_cur] (a superset is safe: it only reads more files)."""
-        return min(span[0], self.w_prev - width), max(span[1], self.watermark_ms)
+        (w_prev, w_cur] (w_cur: ``_settled``; a superset is safe: it only reads more files)."""
+        return min(span[0], self.w_prev - width), max(span[1], self._settled())
 
     def _summarised(self, merge: Merge) -> tuple[Merge | None, _Rows | None]:
         """The MERGE with its source cached and bounded by its own time range (None when it has

@@ -42,11 +42,13 @@ before, until their watermark reaches that end.
 What a crash between passes leaves published. The batches since the last pass published the
 windows and attributions their watermark passed as final, which the tables do not hold yet. A
 restart re-runs the crashed batch under its own watermark, so its first pass writes them final
-again; a replay's starts at 0. So a run's first pass writes final every row at or before the
-latest watermark a batch of any generation ran under (``HourlyPass.settled_ms``, from the
-offset logs), and its batches pass until their watermark reaches it: nothing the topic carried
-final is published open again, as a MERGE in every batch, which kept a final row final, never
-did.
+again; a replay's starts at 0. So a run's first pass writes final every row it writes (and finalises
+every 1-minute and hourly row not final yet) at or before the latest watermark a batch of any
+generation was planned under (``HourlyPass.settled_ms``, from the offset logs: at or past every
+watermark a batch published under), and its batches pass until their watermark reaches it:
+nothing the topic carried final is published open again, as a MERGE in every batch, which
+kept a final row final, never did. (The attributions are floored so when the pass
+re-attributes conversions, ``HourlyPass.conversions``: only then can it write one.)
 
 The stop. ``finish`` passes once the query has stopped between batches, so a table read after
 a run (``verify``, ``reconcile``, a quality check) is up to date; a run that ends otherwise (a
@@ -79,15 +81,16 @@ class HourlyPass:
     """What one pass does: write the attribution rows kept since the last pass, recompute the
     minutes of ``pending`` and the hours holding one (event-time span, epoch ms; None: no
     minute changed since the last pass) and finalise the rows ending after ``since_ms`` (the
-    watermark of the last pass; 0: every row not final yet) up to the batch's watermark."""
+    watermark of the last pass; 0: every row not final yet) up to the batch's watermark (a
+    run's first: up to ``settled_ms`` if later)."""
 
     since_ms: int
     pending: Span | None = None
     # The conversions (event-time span of silver's) whose attributions the pass recomputes
     # (a run's first: ``HighWater.conversions_behind``; None: none), and the latest watermark
-    # a batch of any generation ran under (``offset_log.latest_watermark``; a run's first
-    # pass only): a row it writes at or before it was final to that batch, which may have
-    # published it final, and is written final (attributions, 1-minute and hourly rows).
+    # a batch of any generation was planned under (``offset_log.latest_watermark``; a run's
+    # first pass only): a row it writes at or before it was final to that batch, which may
+    # have published it final, and is written final (attributions, 1-minute and hourly rows).
     conversions: Span | None = None
     settled_ms: int = NEVER
 
