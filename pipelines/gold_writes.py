@@ -163,6 +163,11 @@ class GoldUpdate:
         return self.watermark_ms > self.w_prev
 
     @property
+    def settles(self) -> bool:
+        """Whether a pass has 1-minute or hourly rows to finalise (``_settled``)."""
+        return self._settled() > self.w_prev
+
+    @property
     def due(self) -> bool:
         """Whether a batch without accepted events has anything to write."""
         return self.advanced or self.hourly is not None
@@ -260,7 +265,7 @@ class GoldUpdate:
             writes.append(minutes_then_hours)
         else:
             minutes = one.since(plan.since_ms)
-            if minutes.advanced:
+            if minutes.settles:
                 writes.append(lambda: minutes._finalise(t.GOLD_1M, "window_end"))
             writes.append(lambda: two.pass_hours(None))
         run_concurrently(writes, together=at_once)
@@ -275,7 +280,7 @@ class GoldUpdate:
         at = self.since(plan.since_ms)
         if plan.pending is not None:
             at._minutes(plan.pending)
-        elif at.advanced:
+        elif at.settles:
             at._finalise(t.GOLD_1M, "window_end")
         self.pass_hours(None)
 
@@ -503,7 +508,7 @@ class GoldUpdate:
         changed = union(self.hourly.pending, span)
         if changed is not None:
             at._hours(changed)
-        elif at.advanced:
+        elif at.settles:
             at._finalise(t.CTR_1H, "window_end")
 
     def _attributions(
@@ -559,7 +564,8 @@ class GoldUpdate:
 
     def _finalise(self, name: str, end: str) -> None:
         """The table's rows that the watermark passed in this batch, (w_prev, w_cur], become
-        final and carry the batch's stamp; nothing else changes. One UPDATE: the same rows and
+        final and carry the batch's stamp; nothing else changes (w_cur: ``_settled`` for the
+        1-minute and hourly rows). One UPDATE: the same rows and
         values as a MERGE of those rows read back from the table (what a batch with events
         does, its finalised rows among its recomputed ones), for ~0.5 s less (a 300-row
         finalisation into a 20,000-row table: UPDATE 0.77 s, MERGE 1.33 s, medians of 8).
@@ -573,7 +579,10 @@ class GoldUpdate:
         commit notes the batch instead (``noted``)."""
         started = time.monotonic()
         after = f"timestamp_millis({int(self.w_prev)})"
-        upto = f"timestamp_millis({int(self.watermark_ms)})"
+        # The attributions a run's first pass writes final past the watermark are those it
+        # re-attributes (``_attribution_source``); the 1-minute and hourly rows, every one.
+        settled = self.watermark_ms if name == t.ATTRIBUTIONS else self._settled()
+        upto = f"timestamp_millis({int(settled)})"
         path = self.tables.path(name).replace("`", "``")
         stamp = f"generation = {int(self.tables.generation)}, batch_id = {int(self.batch_id)}"
         with noted(self.spark, self.tables.app_id, self.batch_id):

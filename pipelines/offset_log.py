@@ -54,8 +54,8 @@ def rereads(checkpoint: Path, batch_id: int, upto: dict[tuple[str, int], int]) -
 
 def latest_watermark(root: Path) -> int | None:
     """The latest watermark a batch of any generation's checkpoint under ``root`` (the folders
-    beside a generation's) ran under, from each one's newest offset log entry (None: no
-    batch)."""
+    beside a generation's) was planned under, from each one's newest offset log entry (None: no
+    batch): at or past every watermark a batch ran under, as the newest may not have run."""
     found = [
         read_batch_meta(offsets.parent, max(ids)).watermark_ms
         for offsets in root.glob("*/offsets")

@@ -67,7 +67,7 @@ def test_a_batch_under_an_hour_made_final_before_the_run_passes_itself() -> None
         passes.done(b, w, (w + 1, w + 500), plan)
     assert plans == [True, True, True, False, False, True]
     # A run's first pass writes rows final up to the latest watermark a batch of any
-    # generation ran under (the topic may carry them final, the table not yet): the batches
+    # generation was planned under (the topic may carry them final, the table not yet): the batches
     # pass until their watermark reaches that too, whether or not attributions are behind.
     for conversions in ((0, 1), None):
         passes = HourlyPasses(
@@ -343,7 +343,7 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
         def restart(self, generation: int | None = None, settled: float | None = None) -> None:
             """A new run after a crash, of a new checkpoint ``generation`` if given (a replay
             instead of a restart): its marks read from the tables, and ``settled`` the latest
-            watermark a batch of any generation ran under (the offset logs')."""
+            watermark a batch of any generation was planned under (the offset logs')."""
             if generation is not None:
                 self.left = LeftWindows(self.checkpoints / f"gen-{generation:04d}")
             marks = read_high_water(spark, self.wh, self.tables.app_id, 1)
@@ -556,9 +556,9 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
     # Batch 17, between passes, of none, finalises the windows of minutes 11 and 12: the topic
     # carries them final, the table of the passes does not yet. The run dies, and a replay (a
     # new generation: its watermark starts at 0) reads batch 16's events again. Its first pass
-    # writes final every row at or before the latest watermark a batch ran under (13.0), as a
-    # MERGE in every batch kept them final: a window the topic carried final is never
-    # published open again.
+    # writes final every row at or before the latest watermark a batch was planned under
+    # (13.0), as a MERGE in every batch kept them final: a window the topic carried final is
+    # never published open again.
     every.batch(17)
     passes.batch(17)
     assert passes.seen() == every.seen()
@@ -586,7 +586,8 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
         reopened = {k for k in closed if not passes.seen()[k]["is_final"]}
         assert not reopened, f"batch {b} published final windows open again: {reopened}"
         assert unstamped(passes.seen()) == unstamped(every.seen()), f"after batch {b}"
-        assert passes.passed[-1] == b, "a replay passes until its watermark reaches 13.0"
+        # A run's first batch passes (18); then every batch until its watermark reaches 13.0.
+        assert passes.passed[-1] == b, f"batch {b} left its pass under 13.0"
         assert passes.gold() == every.gold(), f"after batch {b}"
     every.stop()
     passes.stop()
