@@ -545,7 +545,7 @@ class GoldUpdate:
     def _hours(self, span: tuple[int, int]) -> None:
         first, last = hour_starts(span)
         hours = sliding_hours(self._load(t.GOLD_1M), span)
-        due_hours = self._due(t.CTR_1H, "window_end", upto=self._settled())
+        due_hours = self._due(t.CTR_1H, "window_end")
         hour_keys = ("window_start", "campaign_id")
         hour_values = _values(t.CTR_1H, hour_keys)
         hour_merge = Merge(
@@ -564,11 +564,11 @@ class GoldUpdate:
 
     def _finalise(self, name: str, end: str) -> None:
         """The table's rows that the watermark passed in this batch, (w_prev, w_cur], become
-        final and carry the batch's stamp; nothing else changes (w_cur: ``_settled`` for the
-        1-minute and hourly rows). One UPDATE: the same rows and
-        values as a MERGE of those rows read back from the table (what a batch with events
-        does, its finalised rows among its recomputed ones), for ~0.5 s less (a 300-row
-        finalisation into a 20,000-row table: UPDATE 0.77 s, MERGE 1.33 s, medians of 8).
+        final and carry the batch's stamp; nothing else changes (w_cur: ``_upto``). One
+        UPDATE: the same rows and values as a MERGE of those rows read back from the table
+        (what a batch with events does, its finalised rows among its recomputed ones), for
+        ~0.5 s less (a 300-row finalisation into a 20,000-row table: UPDATE 0.77 s, MERGE
+        1.33 s, medians of 8).
 
         Without Delta's txn ids: the UPDATE selects its rows by their not being final yet, so
         run again (the batch re-executed) it finds them final and changes nothing, and an
@@ -579,10 +579,7 @@ class GoldUpdate:
         commit notes the batch instead (``noted``)."""
         started = time.monotonic()
         after = f"timestamp_millis({int(self.w_prev)})"
-        # The attributions a run's first pass writes final past the watermark are those it
-        # re-attributes (``_attribution_source``); the 1-minute and hourly rows, every one.
-        settled = self.watermark_ms if name == t.ATTRIBUTIONS else self._settled()
-        upto = f"timestamp_millis({int(settled)})"
+        upto = f"timestamp_millis({int(self._upto(name))})"
         path = self.tables.path(name).replace("`", "``")
         stamp = f"generation = {int(self.tables.generation)}, batch_id = {int(self.batch_id)}"
         with noted(self.spark, self.tables.app_id, self.batch_id):
@@ -682,8 +679,9 @@ class GoldUpdate:
                 affected, self._clicks(affected, reach), lookback_seconds=self.lookback
             )
             keys = ("conversion_id",)
-            # A run's first pass writes a row at or before the latest watermark any batch ran
-            # under final: that batch may have published it final (a replay starts again at 0).
+            # A run's first pass writes a row at or before the latest watermark any batch was
+            # planned under final: that batch may have published it final (a replay starts
+            # again at 0).
             settled = self.hourly.settled_ms if self.hourly is not None and behind else NEVER
             source = self._final(
                 recomputed_or_current(
@@ -771,12 +769,7 @@ class GoldUpdate:
         recomputed = window_metrics(
             self._load(t.SILVER).where(time_between("event_time", lo, hi)), attributions
         )
-        current = self._due(
-            t.GOLD_1M,
-            "window_end",
-            also=time_between("window_start", lo, hi),
-            upto=self._settled(),
-        )
+        current = self._due(t.GOLD_1M, "window_end", also=time_between("window_start", lo, hi))
         if candidates is not None:  # windows the topic may hold and the table not yet
             assert current is not None, "a range of the table"
             inside = candidates.where(time_between("window_start", lo, hi))
@@ -795,16 +788,14 @@ class GoldUpdate:
             flag=flag,
         )
 
-    def _due(
-        self, name: str, end: str, also: Column | None = None, upto: int | None = None
-    ) -> DataFrame | None:
+    def _due(self, name: str, end: str, also: Column | None = None) -> DataFrame | None:
         """The table's rows that are not final but whose end this batch's watermark passed,
-        (w_prev, w_cur] (or ``upto`` in place of w_cur; or any of ``also``); None when there
-        can be none. Every row ending at or before the previous watermark is final already:
-        the batch that moved the watermark past it wrote it final or finalised it (a replay's
-        first batch has w_prev = 0: the whole table). So a batch reads, and rewrites, only the
-        files of the rows it changes."""
-        upto = self.watermark_ms if upto is None else upto
+        (w_prev, w_cur] (w_cur: ``_upto``; or any of ``also``); None when there can be none.
+        Every row ending at or before the previous watermark is final already: the batch that
+        moved the watermark past it wrote it final or finalised it (a replay's first batch has
+        w_prev = 0: the whole table). So a batch reads, and rewrites, only the files of the
+        rows it changes."""
+        upto = self._upto(name)
         if upto <= self.w_prev and also is None:
             return None
         due = _after(end, self.w_prev) & ~_after(end, upto)
@@ -831,6 +822,13 @@ class GoldUpdate:
         had left them final."""
         settled = self.hourly.settled_ms if self.hourly is not None else NEVER
         return max(self.watermark_ms, settled)
+
+    def _upto(self, name: str) -> int:
+        """Up to where a batch finalises the rows of ``name`` that are not final yet: its
+        watermark for the attributions (those a run's first pass writes final past it are the
+        ones it re-attributes, ``_attribution_source``), ``_settled`` for the 1-minute and
+        hourly rows."""
+        return self.watermark_ms if name == t.ATTRIBUTIONS else self._settled()
 
     def _widen(self, span: tuple[int, int], width: int) -> tuple[int, int]:
         """A time range holding ``span`` and the starts of the rows of ``width`` that end in
