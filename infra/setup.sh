@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # One-time (and cheap to repeat) set-up: a virtual environment at .venv/ with the pinned Python
 # packages, then the JVM jars from Maven Central. A repeat with nothing changed takes seconds.
+# --no-archive leaves out the driver's class-data archive (`make test` makes it beside lint).
 set -euo pipefail
+archive=true
+case "${1:-}" in
+  "") ;;
+  --no-archive) archive=false ;;
+  *) echo "setup: unknown option ${1} (the only one is --no-archive)" >&2; exit 2 ;;
+esac
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 py="${ADATTR_PYTHON:-python3.11}"
@@ -23,4 +30,4 @@ bash infra/fetch-jars.sh .venv/bin/python
 # adattr's own JVM classes (Hadoop's local file system through java.nio), into the Spark jars.
 bash infra/jvm/build.sh .venv/bin/python
 # The driver JVM's class-data archive (made once per JDK and jar set; see app/runtime/jvm_archive.py).
-.venv/bin/python -m app.runtime.jvm_archive
+if $archive; then .venv/bin/python -m app.runtime.jvm_archive; fi
