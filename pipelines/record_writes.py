@@ -101,12 +101,14 @@ def record_writes(
     span: tuple[int, int] | None,
     *,
     watermark_ms: int,
+    late_ms: int,
     dim_version: int,
     high_water: HighWater,
 ) -> list[RecordWrite]:
     """The record tables' inserts for a classified batch (``rows``: one per record read, with
     its ``outcome``); a table none of whose outcomes occurred gets none (inserting nothing is
-    the same result)."""
+    the same result). A late row keeps ``late_ms``, the watermark it was late behind
+    (``pipelines.transforms.late_before``)."""
     by_coordinates = coordinates_condition(ranges)
     fresh = high_water.records_fresh(ranges)
     writes: list[RecordWrite] = []
@@ -122,7 +124,7 @@ def record_writes(
         writes.append(RecordWrite(t.QUARANTINE, quarantined, by_coordinates, fresh))
     if LATE in counts:
         late = rows.where(F.col("outcome") == LATE).withColumn(
-            "watermark", F.timestamp_millis(F.lit(watermark_ms))
+            "watermark", F.timestamp_millis(F.lit(late_ms))
         )
         writes.append(RecordWrite(t.LATE, late, by_coordinates, fresh))
     if span is not None:

@@ -69,7 +69,7 @@ from pipelines.record_writes import (
 from pipelines.report import BatchReport
 from pipelines.session_writes import SessionCloser, open_session_state
 from pipelines.timing import StepTimer
-from pipelines.transforms import ACCEPTED, classify, enrich
+from pipelines.transforms import ACCEPTED, classify, enrich, late_before
 from schemas.ad_metrics import PUBLISHED
 
 log = logging.getLogger("adattr.sink")
@@ -158,6 +158,11 @@ class AttributionSink:
         # The gold passes: the attributions, the 1-minute table and the sliding hours
         # (pipelines/hourly_pass.py).
         settled = latest_watermark(ctx.checkpoint.parent)
+        # The latest watermark a batch of any generation was planned under: a replay (its
+        # watermark from zero) classifies lateness under it too, so a record no generation read
+        # is late where a batch of the generation before would have made it late, and no final
+        # window takes a new event (``late_before``).
+        self.settled_ms = NEVER if settled is None else settled
         self.hourly = HourlyPasses(
             ctx.hourly_every,
             union(high_water.minutes_behind, high_water.hours_behind),
@@ -167,7 +172,7 @@ class AttributionSink:
                 high_water.attributions_final_ms,
             ),
             conversions=high_water.conversions_behind,
-            settled_ms=NEVER if settled is None else settled,
+            settled_ms=self.settled_ms,
         )
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
@@ -192,10 +197,11 @@ class AttributionSink:
         # Silver's event ids, where the dedup state may not know them all: offsets an earlier
         # generation read, or any batch while silver may hold events it never saw.
         unseen = prior is not None or self.high_water.silver_unseen(meta.watermark_ms)
+        late_ms = late_before(meta.watermark_ms, self.settled_ms)
         classified = classify(
             records,
             firsts,
-            watermark_ms=meta.watermark_ms,
+            watermark_ms=late_ms,
             prior=prior,
             stored=self.decisions.stored_ids(meta.watermark_ms) if unseen else None,
         )
@@ -247,6 +253,7 @@ class AttributionSink:
         crash_point(self.ctx.crash_at, "before_delta_commit")
         hw = self.high_water
         span = accepted_span(stats)
+        late_ms = late_before(meta.watermark_ms, self.settled_ms)
         # Bronze, quarantine, late and silver depend on nothing but the batch: written together.
         writes = record_writes(
             rows,
@@ -254,6 +261,7 @@ class AttributionSink:
             counts,
             span,
             watermark_ms=meta.watermark_ms,
+            late_ms=late_ms,
             dim_version=dim_version,
             high_water=hw,
         )
@@ -378,7 +386,8 @@ class AttributionSink:
             kafka_outcome=kafka_outcome,
             millis={
                 "batch_timestamp": meta.timestamp_ms,
-                "watermark": meta.watermark_ms,
+                # What its records' lateness was decided under (reconcile decides it again).
+                "watermark": late_ms,
                 "started_at": started_ms,
                 "finished_at": int(time.time() * 1000),
             },

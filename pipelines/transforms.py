@@ -226,6 +226,15 @@ def first_sightings(*, watermark_delay: str) -> Callable[[DataFrame], DataFrame]
     return transform
 
 
+def late_before(watermark_ms: int, settled_ms: int) -> int:
+    """The watermark a batch decides lateness under: its own, or, while a replay's (from zero)
+    is behind it, the latest watermark a batch of any generation was planned under
+    (``pipelines.offset_log.latest_watermark``). A record no generation read is then late
+    wherever a batch of the generation before would have made it late, so no window a batch
+    has made final takes a new event; a plain restart's batches run at or past it anyway."""
+    return max(watermark_ms, settled_ms)
+
+
 def classify(
     parsed: DataFrame,
     firsts: DataFrame,
@@ -236,10 +245,10 @@ def classify(
 ) -> DataFrame:
     """Adds ``outcome``: the quarantine reason, ``late``, ``duplicate`` or ``accepted``.
 
-    A valid record is late when its event time is at or behind this batch's watermark: the
-    stateful operator drops only records behind a watermark at most this high, so every record
-    it dropped for lateness is classified late here, and every other valid record it did not
-    emit is a duplicate.
+    A valid record is late when its event time is at or behind this batch's watermark (in a
+    replay, at least the latest one planned: ``late_before``): the stateful operator drops only
+    records behind a watermark at most this high, so every record it dropped for lateness is
+    classified late here, and every other valid record it did not emit is a duplicate.
 
     ``prior`` (coordinates and ``prior_outcome``) holds the decisions an earlier checkpoint
     generation already made for records this batch reads again (a replay): they stand, so a

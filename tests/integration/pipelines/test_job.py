@@ -445,7 +445,12 @@ def test_a_replay_counts_a_resend_of_an_event_it_never_read_a_duplicate(
     the events an earlier generation accepted before the replay's first offset. One of them,
     re-sent after the replay and later than the watermark, is a duplicate (silver holds it),
     not an accepted record silver's keyed MERGE then drops: the ledger would count a record no
-    table holds, and the audit would fail."""
+    table holds, and the audit would fail.
+
+    A new event behind the watermark, sent while no job runs, is read first by the replay,
+    whose first batch's watermark is zero: it is late all the same, behind the latest watermark
+    a batch was planned under (as the generation before would have made it), and the final
+    window it falls in keeps its values; the reconciliation decides it late too."""
 
     def load(name: str):  # type: ignore[no-untyped-def]
         return spark.read.format("delta").load(f"{_warehouse(settings)}/{name}")
@@ -472,6 +477,26 @@ def test_a_replay_counts_a_resend_of_an_event_it_never_read_a_duplicate(
     start = plan(topic=topic, partitions=partitions, chosen=chosen, read_upto=upto)
     assert start[partition] == first.kafka_offset
     assert all(start[p] == o + 1 for p, o in upto.items() if p != partition), (start, upto)
+    # The new event: an impression of the re-sent event's ad, five minutes before the replay's
+    # first event (the watermark is three minutes behind the last), in a window that is final.
+    # (Times as epoch ms from Spark: Python's datetimes of a timestamp are local.)
+    first_at = load(t.SILVER).where(F.col("event_id") == "after-01300")
+    behind_ms = first_at.select(F.expr("unix_millis(event_time)")).first()[0] - 5 * 60_000
+    behind = datetime.fromtimestamp(behind_ms / 1000, UTC)
+    unread = event("unread-behind", "impression", iso_millis(behind), ad_id=first.ad_id)
+    minute = F.timestamp_millis(F.lit(behind_ms - behind_ms % 60_000))
+    window = (F.col("ad_id") == first.ad_id) & (F.col("window_start") == minute)
+    values = [c for c in t.columns(t.GOLD_1M) if c not in ("generation", "batch_id")]
+    (kept,) = load(t.GOLD_1M).where(window).select(values).collect()
+    assert kept.is_final
+    raw = (
+        load(t.BRONZE)
+        .where(
+            (F.col("kafka_partition") == partition) & (F.col("kafka_offset") == resent.kafka_offset)
+        )
+        .first()
+    )
+    produce([(raw.raw_key, json.dumps(unread).encode())], events_kafka, topic, progress=False)
     old = job.current_generation(settings.checkpoints)
     job.run(
         spark,
@@ -486,13 +511,30 @@ def test_a_replay_counts_a_resend_of_an_event_it_never_read_a_duplicate(
     )
     gen = job.current_generation(settings.checkpoints)
     assert gen.number == old.number + 1
-    raw = (
-        load(t.BRONZE)
-        .where(
-            (F.col("kafka_partition") == partition) & (F.col("kafka_offset") == resent.kafka_offset)
-        )
-        .first()
+    (late,) = (
+        load(t.LATE)
+        .where(F.col("event_id") == "unread-behind")
+        .select("kafka_partition", "kafka_offset", F.expr("unix_millis(watermark) AS ms"))
+        .collect()
     )
+    read_by = (
+        load(t.LEDGER)
+        .where(F.col("app_id") == gen.app_id)
+        .select("batch_id", F.expr("unix_millis(watermark) AS ms"), F.explode("offsets").alias("o"))
+        .where(
+            (F.col("o.kafka_partition") == late.kafka_partition)
+            & (F.col("o.from_offset") <= late.kafka_offset)
+            & (F.col("o.to_offset") >= late.kafka_offset)
+        )
+        .collect()
+    )
+    assert len(read_by) == 1, read_by
+    # Its batch ran under a watermark it was on time for; it was late behind the latest one a
+    # batch was planned under, which its late row and its ledger row keep.
+    assert read_batch_meta(gen.checkpoint, read_by[0].batch_id).watermark_ms < behind_ms
+    assert late.ms == read_by[0].ms >= behind_ms
+    assert load(t.SILVER).where(F.col("event_id") == "unread-behind").count() == 0
+    assert load(t.GOLD_1M).where(window).select(values).collect() == [kept]
     replayed = load(t.LEDGER).where(F.col("app_id") == gen.app_id).agg(F.max("batch_id")).first()[0]
     produce([(raw.raw_key, raw.raw_value)], events_kafka, settings.input_topic, progress=False)
     job.run(spark, settings, available_now=True)
@@ -510,3 +552,5 @@ def test_a_replay_counts_a_resend_of_an_event_it_never_read_a_duplicate(
     assert load(t.SILVER).where(F.col("event_id") == "after-01250").count() == 1
     checks = audit(spark, _warehouse(settings), KafkaConnection.of(settings))
     assert [c.name for c in checks if not c.ok] == []
+    diffs = _reconcile(spark, settings)
+    assert [(d.table, d.missing, d.unexpected) for d in diffs if not d.ok] == []
