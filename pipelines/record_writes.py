@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
@@ -101,14 +101,14 @@ def record_writes(
     span: tuple[int, int] | None,
     *,
     watermark_ms: int,
-    late_ms: int,
+    late_at: Column,
     dim_version: int,
     high_water: HighWater,
 ) -> list[RecordWrite]:
     """The record tables' inserts for a classified batch (``rows``: one per record read, with
     its ``outcome``); a table none of whose outcomes occurred gets none (inserting nothing is
-    the same result). A late row keeps ``late_ms``, the watermark it was late behind
-    (``pipelines.transforms.late_before``)."""
+    the same result). A late row keeps ``late_at`` (epoch ms), the watermark it was late behind
+    (``pipelines.transforms.lateness``)."""
     by_coordinates = coordinates_condition(ranges)
     fresh = high_water.records_fresh(ranges)
     writes: list[RecordWrite] = []
@@ -124,7 +124,7 @@ def record_writes(
         writes.append(RecordWrite(t.QUARANTINE, quarantined, by_coordinates, fresh))
     if LATE in counts:
         late = rows.where(F.col("outcome") == LATE).withColumn(
-            "watermark", F.timestamp_millis(F.lit(late_ms))
+            "watermark", F.timestamp_millis(late_at)
         )
         writes.append(RecordWrite(t.LATE, late, by_coordinates, fresh))
     if span is not None:
@@ -154,9 +154,9 @@ class PriorDecisions:
         self.checkpoint = checkpoint
         self._replayed: dict[tuple[str, int], int] | None = None
 
-    def prior(self, batch_id: int) -> DataFrame | None:
-        """The earlier generations' accepted and late records at offsets this batch can read,
-        or None when no other generation read them (the normal case: no cost at all)."""
+    def read_before(self, batch_id: int) -> str | None:
+        """A condition true of the records at offsets an earlier generation read, when this
+        batch can read such offsets; None when it cannot (the normal case: no cost at all)."""
         if self._replayed is None:
             ledger = self.tables.load(t.LEDGER).where(F.col("app_id") != self.tables.app_id)
             self._replayed = {
@@ -168,10 +168,17 @@ class PriorDecisions:
             }
         if not self._replayed or not rereads(self.checkpoint, batch_id, self._replayed):
             return None
-        seen = " OR ".join(
+        return " OR ".join(
             f"(kafka_topic = '{topic}' AND kafka_partition = {p} AND kafka_offset <= {upto})"
             for (topic, p), upto in sorted(self._replayed.items())
         )
+
+    def prior(self, batch_id: int) -> DataFrame | None:
+        """The earlier generations' accepted and late records at offsets this batch can read,
+        or None when no other generation read them."""
+        seen = self.read_before(batch_id)
+        if seen is None:
+            return None
         keys = ["kafka_topic", "kafka_partition", "kafka_offset"]
         accepted = (
             self.tables.load(t.SILVER)

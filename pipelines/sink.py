@@ -28,7 +28,9 @@ writes.
 The writes run in a fixed order (bronze, quarantine, late, silver, gold, ledger) and the ledger
 row is last, so "a ledger row exists" means "the batch is complete in every table". Everything a
 batch decides (the watermark, the dimension version) comes from Spark's offset log entry for the
-batch, so a re-execution decides the same.
+batch, so a re-execution decides the same; so does a replay's lateness floor, the latest watermark
+in any generation's offset log (``pipelines.transforms.late_before``), which the batch's own
+entry, the newest of its generation's, cannot raise above its own watermark.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from functools import partial
 from pathlib import Path
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from app.runtime.crash import crash_point, crash_when_file_appears
@@ -69,7 +71,7 @@ from pipelines.record_writes import (
 from pipelines.report import BatchReport
 from pipelines.session_writes import SessionCloser, open_session_state
 from pipelines.timing import StepTimer
-from pipelines.transforms import ACCEPTED, classify, enrich, late_before
+from pipelines.transforms import ACCEPTED, classify, enrich, late_before, lateness
 from schemas.ad_metrics import PUBLISHED
 
 log = logging.getLogger("adattr.sink")
@@ -159,9 +161,8 @@ class AttributionSink:
         # (pipelines/hourly_pass.py).
         settled = latest_watermark(ctx.checkpoint.parent)
         # The latest watermark a batch of any generation was planned under: a replay (its
-        # watermark from zero) classifies lateness under it too, so a record no generation read
-        # is late where a batch of the generation before would have made it late, and no final
-        # window takes a new event (``late_before``).
+        # watermark from zero) classifies the lateness of records no generation read under it
+        # too, so no final window takes a new event (``pipelines.transforms.late_before``).
         self.settled_ms = NEVER if settled is None else settled
         self.hourly = HourlyPasses(
             ctx.hourly_every,
@@ -197,11 +198,11 @@ class AttributionSink:
         # Silver's event ids, where the dedup state may not know them all: offsets an earlier
         # generation read, or any batch while silver may hold events it never saw.
         unseen = prior is not None or self.high_water.silver_unseen(meta.watermark_ms)
-        late_ms = late_before(meta.watermark_ms, self.settled_ms)
+        late_at = lateness(meta.watermark_ms, self.settled_ms, self.decisions.read_before(batch_id))
         classified = classify(
             records,
             firsts,
-            watermark_ms=late_ms,
+            watermark_ms=late_at,
             prior=prior,
             stored=self.decisions.stored_ids(meta.watermark_ms) if unseen else None,
         )
@@ -221,7 +222,15 @@ class AttributionSink:
             disarm()
             self.timer.mark("read+state+classify")
             self._write(
-                rows, stats, batch_id, meta, previous, dim_version, started_ms, first_of_run
+                rows,
+                stats,
+                batch_id,
+                meta,
+                previous,
+                dim_version,
+                started_ms,
+                first_of_run,
+                late_at,
             )
         finally:
             rows.unpersist()
@@ -248,12 +257,12 @@ class AttributionSink:
         dim_version: int,
         started_ms: int,
         first_of_run: bool,
+        late_at: Column,
     ) -> None:
         ranges, counts = ranges_and_counts(stats)
         crash_point(self.ctx.crash_at, "before_delta_commit")
         hw = self.high_water
         span = accepted_span(stats)
-        late_ms = late_before(meta.watermark_ms, self.settled_ms)
         # Bronze, quarantine, late and silver depend on nothing but the batch: written together.
         writes = record_writes(
             rows,
@@ -261,7 +270,7 @@ class AttributionSink:
             counts,
             span,
             watermark_ms=meta.watermark_ms,
-            late_ms=late_ms,
+            late_at=late_at,
             dim_version=dim_version,
             high_water=hw,
         )
@@ -386,8 +395,9 @@ class AttributionSink:
             kafka_outcome=kafka_outcome,
             millis={
                 "batch_timestamp": meta.timestamp_ms,
-                # What its records' lateness was decided under (reconcile decides it again).
-                "watermark": late_ms,
+                # What the records it keeps in bronze were decided late under (``late_before``:
+                # reconcile decides them again).
+                "watermark": late_before(meta.watermark_ms, self.settled_ms),
                 "started_at": started_ms,
                 "finished_at": int(time.time() * 1000),
             },

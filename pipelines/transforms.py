@@ -227,12 +227,26 @@ def first_sightings(*, watermark_delay: str) -> Callable[[DataFrame], DataFrame]
 
 
 def late_before(watermark_ms: int, settled_ms: int) -> int:
-    """The watermark a batch decides lateness under: its own, or, while a replay's (from zero)
-    is behind it, the latest watermark a batch of any generation was planned under
-    (``pipelines.offset_log.latest_watermark``). A record no generation read is then late
-    wherever a batch of the generation before would have made it late, so no window a batch
-    has made final takes a new event; a plain restart's batches run at or past it anyway."""
+    """The watermark a batch decides the lateness of records no generation read before under:
+    its own, or, while a replay's (from zero) is behind it, the latest watermark a batch of any
+    generation was planned under (``pipelines.offset_log.latest_watermark``). Such a record is
+    then late wherever a batch of the generation before would have made it late, so no window
+    a batch has made final takes a new event; a plain restart's batches run at or past it
+    anyway. The ledger keeps it as the batch's watermark: the records bronze keeps under the
+    batch are those (a re-read record keeps its first reader's), which ``adattr reconcile``
+    classifies under it."""
     return max(watermark_ms, settled_ms)
+
+
+def lateness(watermark_ms: int, settled_ms: int, read_before: str | None) -> Column:
+    """Per record, the watermark (epoch ms) its lateness is decided under: ``late_before`` for
+    a record no generation read; the batch's own for one an earlier generation read
+    (``read_before``, a condition on its coordinates), whose decision stands or, a duplicate
+    then, is made as before (its first reader's stays in the tables)."""
+    floor = F.lit(late_before(watermark_ms, settled_ms))
+    if read_before is None:
+        return floor
+    return F.when(F.expr(read_before), F.lit(watermark_ms)).otherwise(floor)
 
 
 def classify(
@@ -246,7 +260,8 @@ def classify(
     """Adds ``outcome``: the quarantine reason, ``late``, ``duplicate`` or ``accepted``.
 
     A valid record is late when its event time is at or behind this batch's watermark (in a
-    replay, at least the latest one planned: ``late_before``): the stateful operator drops only
+    replay, for a record no generation read, at least the latest one planned: ``lateness``; a
+    column then): the stateful operator drops only
     records behind a watermark at most this high, so every record it dropped for lateness is
     classified late here, and every other valid record it did not emit is a duplicate.
 

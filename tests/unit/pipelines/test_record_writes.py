@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from pyspark.sql import Row, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from pipelines import tables as t
@@ -134,7 +135,7 @@ def test_each_outcome_present_gets_its_table_with_the_table_columns(spark: Spark
         counts,
         accepted_span(STATS),
         watermark_ms=1,
-        late_ms=1,
+        late_at=F.lit(1),
         dim_version=2,
         high_water=marks(),
     )
@@ -157,7 +158,7 @@ def test_a_batch_overlapping_the_marks_merges(spark: SparkSession) -> None:
         counts,
         accepted_span(stats),
         watermark_ms=1,
-        late_ms=1,
+        late_at=F.lit(1),
         dim_version=2,
         high_water=marks(silver_exclusive=False),
     )
@@ -183,7 +184,7 @@ def test_silver_holding_other_events_appends_from_a_watermark_past_them(
             counts,
             accepted_span(STATS),
             watermark_ms=watermark_ms,
-            late_ms=watermark_ms,
+            late_at=F.lit(watermark_ms),
             dim_version=2,
             high_water=marks(silver_exclusive=False),
         )
