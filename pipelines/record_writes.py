@@ -153,24 +153,32 @@ class PriorDecisions:
         self.tables = tables
         self.checkpoint = checkpoint
         self._replayed: dict[tuple[str, int], int] | None = None
+        self._read: list[tuple[str, int, int, int]] = []
 
     def read_before(self, batch_id: int) -> str | None:
         """A condition true of the records at offsets an earlier generation read, when this
-        batch can read such offsets; None when it cannot (the normal case: no cost at all)."""
+        batch can read such offsets; None when it cannot (the normal case: no cost at all).
+        Each generation read every record from its first offset to its last in a partition
+        (only transaction markers lie between its batches' ranges); offsets no generation read
+        (a replay may start past the end of the one before) are not among them."""
         if self._replayed is None:
             ledger = self.tables.load(t.LEDGER).where(F.col("app_id") != self.tables.app_id)
-            self._replayed = {
-                (r.kafka_topic, r.kafka_partition): int(r.upto)
-                for r in ledger.select(F.explode("offsets").alias("o"))
-                .groupBy("o.kafka_topic", "o.kafka_partition")
-                .agg(F.max("o.to_offset").alias("upto"))
+            self._read = [
+                (r.kafka_topic, int(r.kafka_partition), int(r.lo), int(r.hi))
+                for r in ledger.select("app_id", F.explode("offsets").alias("o"))
+                .groupBy("app_id", "o.kafka_topic", "o.kafka_partition")
+                .agg(F.min("o.from_offset").alias("lo"), F.max("o.to_offset").alias("hi"))
                 .collect()
-            }
+            ]
+            self._replayed = {}
+            for topic, p, _lo, hi in self._read:
+                self._replayed[(topic, p)] = max(hi, self._replayed.get((topic, p), -1))
         if not self._replayed or not rereads(self.checkpoint, batch_id, self._replayed):
             return None
         return " OR ".join(
-            f"(kafka_topic = '{topic}' AND kafka_partition = {p} AND kafka_offset <= {upto})"
-            for (topic, p), upto in sorted(self._replayed.items())
+            f"(kafka_topic = '{topic}' AND kafka_partition = {p} "
+            f"AND kafka_offset BETWEEN {lo} AND {hi})"
+            for topic, p, lo, hi in sorted(set(self._read))
         )
 
     def prior(self, batch_id: int) -> DataFrame | None:

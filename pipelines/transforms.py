@@ -240,13 +240,14 @@ def late_before(watermark_ms: int, settled_ms: int) -> int:
 
 def lateness(watermark_ms: int, settled_ms: int, read_before: str | None) -> Column:
     """Per record, the watermark (epoch ms) its lateness is decided under: ``late_before`` for
-    a record no generation read; the batch's own for one an earlier generation read
-    (``read_before``, a condition on its coordinates), whose decision stands or, a duplicate
-    then, is made as before (its first reader's stays in the tables)."""
+    a record no generation read; none (null) for one an earlier generation read
+    (``read_before``, a condition on its coordinates). Its first reader's decision stands: the
+    accepted and the late ones are ``prior`` decisions, and a record with none was a duplicate
+    (or quarantined) then, which it stays however the replay's batches and watermark fall."""
     floor = F.lit(late_before(watermark_ms, settled_ms))
     if read_before is None:
         return floor
-    return F.when(F.expr(read_before), F.lit(watermark_ms)).otherwise(floor)
+    return F.when(F.expr(read_before), F.lit(None).cast("long")).otherwise(floor)
 
 
 def classify(
@@ -260,8 +261,9 @@ def classify(
     """Adds ``outcome``: the quarantine reason, ``late``, ``duplicate`` or ``accepted``.
 
     A valid record is late when its event time is at or behind this batch's watermark (in a
-    replay, for a record no generation read, at least the latest one planned: ``lateness``; a
-    column then): the stateful operator drops only
+    replay, per record, ``lateness``: at least the latest one planned for a record no
+    generation read, none for one an earlier generation read, whose decision ``prior`` holds
+    or which was a duplicate): the stateful operator drops only
     records behind a watermark at most this high, so every record it dropped for lateness is
     classified late here, and every other valid record it did not emit is a duplicate.
 

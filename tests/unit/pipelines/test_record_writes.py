@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from pipelines import tables as t
-from pipelines.high_water import HighWater
+from pipelines.delta_writes import Tables
+from pipelines.high_water import NEVER, HighWater
+from pipelines.ledger import write_ledger
 from pipelines.record_writes import (
+    PriorDecisions,
     accepted_span,
     batch_stats,
     coordinates_condition,
     ranges_and_counts,
     record_writes,
 )
-from pipelines.transforms import ACCEPTED, DUPLICATE, LATE
+from pipelines.transforms import ACCEPTED, DUPLICATE, LATE, lateness
 from schemas.ad_event import MALFORMED_JSON
 
 TOPIC = "ad-events"
@@ -194,3 +198,41 @@ def test_silver_holding_other_events_appends_from_a_watermark_past_them(
 
     assert not silver_fresh(9_999)
     assert silver_fresh(10_000)
+
+
+def test_offsets_read_before_are_each_generations_own_range_and_decide_under_no_cut(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A replay (the current app id) after two generations: the first read offsets 0-9 of
+    partition 0, the second started past its end, at 20 (offsets 10-19 no generation read).
+    Offsets a generation read keep their decision (no lateness cut: their first reader's
+    stands); the others are cut at the floor, the latest watermark planned (1,000)."""
+    warehouse = str(tmp_path / "warehouse")
+    t.create_tables(spark, warehouse)
+    for app, batches in (("gen-1", ((0, 4), (5, 9))), ("gen-2", ((20, 29),))):
+        tables = Tables(spark, warehouse, app, 1)
+        for batch_id, (lo, hi) in enumerate(batches):
+            write_ledger(
+                tables,
+                batch_id,
+                dim_version=0,
+                ranges={(TOPIC, 0): (lo, hi, hi - lo + 1)},
+                counts={"read": hi - lo + 1},
+                transactional_id=None,
+                kafka_outcome="nothing-to-publish",
+                millis={"batch_timestamp": 0, "watermark": 0, "started_at": 0, "finished_at": 0},
+                fresh=True,
+            )
+    decisions = PriorDecisions(Tables(spark, warehouse, "gen-3", 3), tmp_path / "gen-3")
+    seen = decisions.read_before(0)  # a generation's first batch rereads
+    assert seen is not None
+    offsets = spark.range(32).select(
+        F.lit(TOPIC).alias("kafka_topic"),
+        F.lit(0).alias("kafka_partition"),
+        F.col("id").alias("kafka_offset"),
+    )
+    cut = offsets.select("kafka_offset", lateness(500, 1_000, seen).alias("cut")).collect()
+    assert {r.kafka_offset for r in cut if r.cut is None} == {*range(10), *range(20, 30)}
+    assert {r.cut for r in cut if r.kafka_offset in (10, 19, 30, 31)} == {1_000}
+    # No earlier generation: the batch's own watermark.
+    assert offsets.select(lateness(500, NEVER, None).alias("c")).first().c == 500
