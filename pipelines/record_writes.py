@@ -152,8 +152,7 @@ class PriorDecisions:
     def __init__(self, tables: Tables, checkpoint: Path) -> None:
         self.tables = tables
         self.checkpoint = checkpoint
-        self._replayed: dict[tuple[str, int], int] | None = None
-        self._read: list[tuple[str, int, int, int]] = []
+        self._read: list[tuple[str, int, int, int]] | None = None
 
     def read_before(self, batch_id: int) -> str | None:
         """A condition true of the records at offsets an earlier generation read, when this
@@ -161,7 +160,7 @@ class PriorDecisions:
         Each generation read every record from its first offset to its last in a partition
         (only transaction markers lie between its batches' ranges); offsets no generation read
         (a replay may start past the end of the one before) are not among them."""
-        if self._replayed is None:
+        if self._read is None:
             ledger = self.tables.load(t.LEDGER).where(F.col("app_id") != self.tables.app_id)
             self._read = [
                 (r.kafka_topic, int(r.kafka_partition), int(r.lo), int(r.hi))
@@ -170,21 +169,20 @@ class PriorDecisions:
                 .agg(F.min("o.from_offset").alias("lo"), F.max("o.to_offset").alias("hi"))
                 .collect()
             ]
-            self._replayed = {}
-            for topic, p, _lo, hi in self._read:
-                self._replayed[(topic, p)] = max(hi, self._replayed.get((topic, p), -1))
-        if not self._replayed or not rereads(self.checkpoint, batch_id, self._replayed):
+        upto: dict[tuple[str, int], int] = {}
+        for topic, p, _lo, hi in self._read:
+            upto[(topic, p)] = max(hi, upto.get((topic, p), -1))
+        if not upto or not rereads(self.checkpoint, batch_id, upto):
             return None
         return " OR ".join(
             f"(kafka_topic = '{topic}' AND kafka_partition = {p} "
             f"AND kafka_offset BETWEEN {lo} AND {hi})"
-            for topic, p, lo, hi in sorted(set(self._read))
+            for topic, p, lo, hi in sorted(self._read)
         )
 
-    def prior(self, batch_id: int) -> DataFrame | None:
-        """The earlier generations' accepted and late records at offsets this batch can read,
-        or None when no other generation read them."""
-        seen = self.read_before(batch_id)
+    def prior(self, seen: str | None) -> DataFrame | None:
+        """The earlier generations' accepted and late records among those ``seen``
+        (``read_before``), or None when the batch reads none an earlier generation read."""
         if seen is None:
             return None
         keys = ["kafka_topic", "kafka_partition", "kafka_offset"]

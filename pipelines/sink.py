@@ -194,11 +194,12 @@ class AttributionSink:
         firsts = batch_df.where(F.col("_branch") == FIRST).select(
             "kafka_topic", "kafka_partition", "kafka_offset"
         )
-        prior = self.decisions.prior(batch_id)
+        read_before = self.decisions.read_before(batch_id)
+        prior = self.decisions.prior(read_before)
         # Silver's event ids, where the dedup state may not know them all: offsets an earlier
         # generation read, or any batch while silver may hold events it never saw.
         unseen = prior is not None or self.high_water.silver_unseen(meta.watermark_ms)
-        late_at = lateness(meta.watermark_ms, self.settled_ms, self.decisions.read_before(batch_id))
+        late_at = lateness(meta.watermark_ms, self.settled_ms, read_before)
         classified = classify(
             records,
             firsts,
