@@ -32,4 +32,4 @@ scan: deps
 # run is ~40 s of JVM the two cores otherwise run alone), then every test.
 test: deps
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint scan archive
-	$(VENV)/pytest
+	$(VENV)/pytest -n 2

@@ -10,9 +10,11 @@ way a user starts it, with ``adattr up --secure``, and stopped with ``adattr dow
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +22,63 @@ from app.runtime.settings import Settings
 from app.stack.broker import LocalBroker, free_port
 from app.stack.secure_kafka import MECHANISM, SecureKafka
 from tests.builders import TEST_JVM_OPTIONS, adattr_env, run_adattr
+
+# An xdist worker's __main__ (execnet's) has neither a spec nor a file, which
+# pyspark.sql.connect, imported by Great Expectations, takes for a doctest run without Spark
+# Connect's packages, and exits (SystemExit 0 inside `import great_expectations`). Under a
+# plain pytest it raises the ImportError Great Expectations expects; so does a worker with this.
+_main = sys.modules["__main__"]
+if os.environ.get("PYTEST_XDIST_WORKER") and _main.__spec__ is None:
+    if not hasattr(_main, "__file__"):
+        _main.__file__ = "<pytest-xdist worker>"
+
+# `make test` runs the suite on two pytest-xdist workers: most of a test's time is one JVM's
+# single-threaded work (a CI run kept the two cores 67% busy), which a second test fills. Each
+# worker has its own session fixtures (the Spark session, a broker). A module is one unit of
+# work, so its module fixtures are made once and tests that build on the one before (the job
+# module's) run in order on one worker; the job module and the secure broker's share that
+# broker and are one unit. The longest units are sent first (CI's durations), so the run does
+# not end on one of them alone. (xdist's own `--dist loadgroup` no longer groups under pytest 9,
+# whose node ids it cannot rewrite.)
+_LONGEST_FIRST = (
+    "tests/integration/pipelines/test_job.py",
+    "tests/integration/tools/test_drills.py",
+    "tests/integration/stack/test_cluster.py",
+    "tests/integration/tools/test_bench.py",
+    "tests/unit/pipelines/test_hourly_pass.py",
+    "tests/integration/pipelines/test_run_modes.py",
+    "tests/integration/pipelines/test_exactly_once_output.py",
+    "tests/integration/tools/test_quickstart.py",
+)
+_ONE_UNIT = {
+    "tests/integration/stack/test_secure_kafka.py": "tests/integration/pipelines/test_job.py"
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesLongestFirst(LoadScopeScheduling):
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return _ONE_UNIT.get(module, module)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.ordered:  # the queue is full, none assigned yet: reorder it once
+                self.ordered = True
+                last = len(_LONGEST_FIRST)
+                units = sorted(
+                    self.workqueue.items(),
+                    key=lambda u: _LONGEST_FIRST.index(u[0]) if u[0] in _LONGEST_FIRST else last,
+                )
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
+
+    return ModulesLongestFirst(config, log)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")
