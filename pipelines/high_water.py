@@ -24,7 +24,10 @@ yet, and that is decidable once per run:
   than the watermark (only a re-read record keeps an earlier decision instead), and a re-sent
   event carries its original event time (the MERGE's event-time scope assumes as much), so
   silver held no row of it at the start; a row this run added, its dedup state saw (a re-read
-  record it kept accepted added none: silver held it already).
+  record it kept accepted added none: silver held it already). Events the dedup state let through
+  that the dimension then refused (quarantined as ``unknown_ad``) are looked up the same way,
+  until the watermark passes the latest of them the state may not have seen
+  (``unknown_until_ms``): a copy of one is a duplicate, as the state would have made it.
 - The ledger is keyed by (app id, batch id): a batch above the highest this app id had appends.
 - Closed sessions are written in the watermark interval ``(w_prev, w_cur]`` of their end: a
   batch appends when every session the table held at the start ended at or before ``w_prev``.
@@ -48,6 +51,8 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
+from pipelines.transforms import event_identity
+from schemas import ad_event as c
 
 NEVER = -(2**62)
 
@@ -75,6 +80,11 @@ class HighWater:
     # is one of theirs.
     conversions_behind: tuple[int, int] | None = None
     attributions_final_ms: int = NEVER  # that latest time (NEVER: no final attribution)
+    # The latest event time of an event quarantined as ``unknown_ad`` (the dimension check
+    # follows the dedup state), when this run's dedup state may not have seen them all: the
+    # ledger held rows of another app id or silver rows of another generation (NEVER: no such
+    # event, or none it did not see).
+    unknown_until_ms: int = NEVER
 
     def records_fresh(self, ranges: dict[tuple[str, int], list[int]]) -> bool:
         """Whether a batch reading these (from, to, n) offset ranges can append its records."""
@@ -85,6 +95,13 @@ class HighWater:
         state never saw (a batch under it must look such events up in silver, and carries no
         state: ``pipelines.click_state``, ``pipelines.session_writes``)."""
         return not self.silver_exclusive and self.silver_until_ms > watermark_ms
+
+    def ids_unseen(self, watermark_ms: int) -> bool:
+        """Whether an event later than this watermark may have been decided (accepted into
+        silver or quarantined as ``unknown_ad``) where this run's dedup state never saw it: a
+        batch under it looks its records' event ids up in the tables
+        (``PriorDecisions.stored_ids``)."""
+        return self.silver_unseen(watermark_ms) or self.unknown_until_ms > watermark_ms
 
     def silver_fresh(self, ranges: dict[tuple[str, int], list[int]], watermark_ms: int) -> bool:
         """Whether a batch reading these offset ranges, under this watermark, can append to
@@ -135,6 +152,16 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
             .first()
         )
 
+    def unknown_until() -> int:
+        found = (
+            load(t.QUARANTINE)
+            .where(F.col("reason") == c.UNKNOWN_AD)
+            .transform(event_identity)
+            .agg(F.expr("unix_millis(max(event_time))"))
+            .first()
+        )
+        return int(found[0]) if found is not None and found[0] is not None else NEVER
+
     def sessions() -> Row | None:
         return load(t.SESSIONS).agg(F.expr("unix_millis(max(session_end))")).first()
 
@@ -175,6 +202,12 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
     silver_exclusive = held.rows == 0 or (
         mine.mine is not None and mine.others == 0 and held.foreign == 0
     )
+    # The quarantine's unknown_ad events, read only where another app id or generation wrote
+    # (a replay's or a rewound checkpoint's runs): they cost a cold start ~0.5 s, and a run
+    # whose ledger and silver hold its own work alone met every such event in its dedup state.
+    # (Like silver's mark, this misses a generation that left neither a ledger row nor a
+    # silver row, having crashed in its first batch.)
+    refused = unknown_until() if mine.others > 0 or held.foreign > 0 else NEVER
     return HighWater(
         offsets,
         int(mine.mine) if mine.mine is not None else -1,
@@ -184,4 +217,5 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
         *hours_f.result(),
         *minutes_f.result(),
         *conversions_f.result(),
+        refused,
     )

@@ -21,7 +21,7 @@ from pipelines import tables as t
 from pipelines.delta_writes import Tables
 from pipelines.high_water import HighWater
 from pipelines.offset_log import rereads
-from pipelines.transforms import ACCEPTED, LATE
+from pipelines.transforms import ACCEPTED, LATE, event_identity
 from schemas import ad_event as c
 
 # (topic, partition) -> [lowest offset, highest offset, records] of one batch.
@@ -181,30 +181,48 @@ class PriorDecisions:
         )
 
     def prior(self, seen: str | None) -> DataFrame | None:
-        """The earlier generations' accepted and late records among those ``seen``
+        """The earlier generations' accepted, late and quarantined records among those ``seen``
         (``read_before``), or None when the batch reads none an earlier generation read."""
         if seen is None:
             return None
         keys = ["kafka_topic", "kafka_partition", "kafka_offset"]
-        accepted = (
-            self.tables.load(t.SILVER)
-            .where(seen)
-            .select(*keys, F.lit(ACCEPTED).alias("prior_outcome"))
+
+        def decided(name: str, outcome: Column) -> DataFrame:
+            first = F.struct("generation", "batch_id").alias("_first")
+            return self.tables.load(name).where(seen).select(*keys, first, outcome)
+
+        # A quarantine reason can follow from more than the record's bytes: ``unknown_ad`` from
+        # the dimension as of its batch, ``quality_event_time_not_in_future`` from the batch's
+        # time; a replay's batch may decide both differently.
+        outcomes = (
+            decided(t.SILVER, F.lit(ACCEPTED).alias("prior_outcome"))
+            .unionByName(decided(t.LATE, F.lit(LATE).alias("prior_outcome")))
+            .unionByName(decided(t.QUARANTINE, F.col("reason").alias("prior_outcome")))
         )
-        late = (
-            self.tables.load(t.LATE).where(seen).select(*keys, F.lit(LATE).alias("prior_outcome"))
+        # One per record: its first reader's (tables an earlier replay left holding a record
+        # twice, accepted beside its quarantine row, must not make it two records here).
+        return outcomes.groupBy(*keys).agg(
+            F.min_by("prior_outcome", "_first").alias("prior_outcome")
         )
-        return accepted.unionByName(late)
 
     def stored_ids(self, watermark_ms: int) -> DataFrame:
-        """Event ids silver already holds, later than the batch's watermark (a record at or
-        behind it is late whatever silver holds), with where they were read: a replay's fresh
-        dedup state does not remember events an earlier generation accepted, silver does."""
-        return (
+        """Event ids whose first copy was decided, later than the batch's watermark (a record
+        at or behind it is late whatever was decided), with where they were read and their
+        outcome: accepted (silver's) or ``unknown_ad`` (the quarantine's: the dimension check
+        follows the dedup state). A replay's fresh dedup state does not remember events an
+        earlier generation decided; the tables do."""
+        after = F.col("event_time") > F.timestamp_millis(F.lit(watermark_ms))
+        where = F.struct("kafka_topic", "kafka_partition", "kafka_offset").alias("stored_at")
+        accepted = (
             self.tables.load(t.SILVER)
-            .where(F.col("event_time") > F.timestamp_millis(F.lit(watermark_ms)))
-            .select(
-                "event_id",
-                F.struct("kafka_topic", "kafka_partition", "kafka_offset").alias("stored_at"),
-            )
+            .where(after)
+            .select("event_id", where, F.lit(ACCEPTED).alias("stored_outcome"))
         )
+        unknown = (
+            self.tables.load(t.QUARANTINE)
+            .where(F.col("reason") == c.UNKNOWN_AD)
+            .transform(event_identity)
+            .where(after)
+            .select("event_id", where, F.col("reason").alias("stored_outcome"))
+        )
+        return accepted.unionByName(unknown)

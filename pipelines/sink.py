@@ -196,9 +196,10 @@ class AttributionSink:
         )
         read_before = self.decisions.read_before(batch_id)
         prior = self.decisions.prior(read_before)
-        # Silver's event ids, where the dedup state may not know them all: offsets an earlier
-        # generation read, or any batch while silver may hold events it never saw.
-        unseen = prior is not None or self.high_water.silver_unseen(meta.watermark_ms)
+        # The decided event ids (silver's, the quarantine's unknown_ad), where the dedup state
+        # may not know them all: offsets an earlier generation read, or any batch while the
+        # tables may hold such events it never saw.
+        unseen = prior is not None or self.high_water.ids_unseen(meta.watermark_ms)
         late_at = lateness(meta.watermark_ms, self.settled_ms, read_before)
         classified = classify(
             records,

@@ -205,6 +205,23 @@ def parse_events(*, max_bytes: int, quality_gate: bool = True) -> Callable[[Data
     return transform
 
 
+def event_identity(records: DataFrame) -> DataFrame:
+    """``event_id`` and ``event_time`` of contract-valid records kept as raw bytes
+    (``raw_value``: a quarantine row of ``unknown_ad``), read as ``parse_events`` reads them."""
+    v = F.expr("try_parse_json(CAST(raw_value AS STRING))")
+    return (
+        records.withColumn("_v", v)
+        .select(
+            "*",
+            F.expr("try_variant_get(_v, '$.event_id', 'string')").alias("event_id"),
+            F.try_to_timestamp(
+                F.expr("try_variant_get(_v, '$.event_time', 'string')"), F.lit(_TIMESTAMP_FORMAT)
+            ).alias("event_time"),
+        )
+        .drop("_v")
+    )
+
+
 def first_sightings(*, watermark_delay: str) -> Callable[[DataFrame], DataFrame]:
     """The stateful step: of the valid records, the first sighting of each ``event_id``.
 
@@ -242,8 +259,8 @@ def lateness(watermark_ms: int, settled_ms: int, read_before: str | None) -> Col
     """Per record, the watermark (epoch ms) its lateness is decided under: ``late_before`` for
     a record no generation read; none (null) for one an earlier generation read
     (``read_before``, a condition on its coordinates). Its first reader's decision stands: the
-    accepted and the late ones are ``prior`` decisions, and a record with none was a duplicate
-    (or quarantined) then, which it stays however the replay's batches and watermark fall."""
+    accepted, late and quarantined ones are ``prior`` decisions, and a record with none was a
+    duplicate then, which it stays however the replay's batches and watermark fall."""
     floor = F.lit(late_before(watermark_ms, settled_ms))
     if read_before is None:
         return floor
@@ -269,14 +286,17 @@ def classify(
 
     ``prior`` (coordinates and ``prior_outcome``) holds the decisions an earlier checkpoint
     generation already made for records this batch reads again (a replay): they stand, so a
-    record is never late in one generation and accepted in another. A replay's watermark
-    restarts from zero and its batches differ, so deciding afresh could disagree.
+    record is never late in one generation and accepted in another, nor quarantined as
+    ``unknown_ad`` in one and accepted in another whose dimension has the ad by then. A
+    replay's watermark restarts from zero and its batches differ, so deciding afresh could
+    disagree.
 
-    ``stored`` (``event_id``, ``stored_at`` coordinates) lists events already accepted: a
-    record of one of them read elsewhere is a duplicate even when the dedup state, which starts
-    empty in a replay's new checkpoint, has never seen it; the record read there is accepted
-    even when the dedup state picks another copy this time (copies in two partitions reach it
-    in any order).
+    ``stored`` (``event_id``, ``stored_at`` coordinates, ``stored_outcome``) lists events whose
+    first copy was already decided: accepted, or quarantined as ``unknown_ad`` (the dimension
+    check comes after the dedup state). A record of one of them read elsewhere is a duplicate
+    even when the dedup state, which starts empty in a replay's new checkpoint, has never seen
+    it; the record read there keeps its outcome even when the dedup state picks another copy
+    this time (copies in two partitions reach it in any order).
     """
     keys = ["kafka_topic", "kafka_partition", "kafka_offset"]
     # One watermark for a micro-batch; a column (each row's batch's) when reconciling.
@@ -292,16 +312,26 @@ def classify(
     outcome = outcome.when(F.col("event_time") <= watermark, F.lit(LATE))
     if stored is not None:
         here = F.struct(*keys)
-        joined = joined.join(
-            stored.select("event_id", "stored_at").dropDuplicates(["event_id"]), "event_id", "left"
+        # One row per event id, the same in every attempt of a batch (the tables can hold an
+        # event twice: in silver and in the quarantine, or at two offsets): the lowest
+        # coordinates'.
+        first_stored = stored.groupBy("event_id").agg(
+            F.min(F.struct("stored_at", "stored_outcome")).alias("_stored")
         )
-        # Silver holds the event: as this very record (a re-executed batch's earlier attempt
-        # accepted it, whichever copy the dedup state picks this time) or as another.
-        outcome = outcome.when(F.col("stored_at") == here, F.lit(ACCEPTED)).when(
+        joined = joined.join(
+            first_stored.select("event_id", "_stored.stored_at", "_stored.stored_outcome"),
+            "event_id",
+            "left",
+        )
+        # The event was decided: as this very record (a re-executed batch's earlier attempt
+        # decided it, whichever copy the dedup state picks this time) or as another.
+        outcome = outcome.when(F.col("stored_at") == here, F.col("stored_outcome")).when(
             F.col("stored_at").isNotNull(), F.lit(DUPLICATE)
         )
     outcome = outcome.when(F.col("_first").isNull(), F.lit(DUPLICATE)).otherwise(F.lit(ACCEPTED))
-    return joined.withColumn("outcome", outcome).drop("_first", "prior_outcome", "stored_at")
+    return joined.withColumn("outcome", outcome).drop(
+        "_first", "prior_outcome", "stored_at", "stored_outcome"
+    )
 
 
 def enrich(classified: DataFrame, dim_ads: DataFrame) -> DataFrame:

@@ -9,6 +9,7 @@ import shutil
 from collections import Counter
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from itertools import pairwise
 from pathlib import Path
 
@@ -46,6 +47,9 @@ from tests.conftest import SecureBroker, isolated_settings
 
 pytestmark = pytest.mark.integration
 GOLD = (t.ATTRIBUTIONS, t.CTR_1H, t.SESSIONS)
+# An impression of an ad the dimension lacks when the job first reads it (quarantined as
+# unknown_ad), added to the dimension before the replay that reads it again.
+REFUSED, ADDED_LATER = "refused-unknown-ad", "ad-added-later"
 
 
 def _warehouse(settings: Settings) -> str:
@@ -375,7 +379,7 @@ def test_silver_appends_again_once_the_watermark_passes_the_events_it_held(
     )
     before = outcomes()
     # All on the re-sent record's key, so one partition holds them in this order, and the
-    # batches (settings.max_offsets_per_trigger = 700) are offsets 0-699, 700-1399, 1400-1501 of
+    # batches (settings.max_offsets_per_trigger = 700) are offsets 0-699, 700-1399, 1400-1502 of
     # them: the first's watermark is behind silver's latest event (MERGE), the second's past it
     # (append); the third accepts nothing, so it writes no silver.
     start = datetime.fromtimestamp(held_ms / 1000, UTC) + timedelta(minutes=10)
@@ -395,6 +399,10 @@ def test_silver_appends_again_once_the_watermark_passes_the_events_it_held(
     # The last batch: a new event the dedup state holds (its time is past that batch's watermark,
     # 3 minutes behind the 1,399th event's), and the old event, behind it.
     records += [records[1300], (resent.raw_key, resent.raw_value)]
+    # And, on time, an impression of an ad the dimension lacks (the next test replays it).
+    at = iso_millis(start + timedelta(seconds=1350))
+    refused = event(REFUSED, "impression", at, user_id=latest.user_id, ad_id=ADDED_LATER)
+    records.append((resent.raw_key, json.dumps(refused).encode()))
     produce(records, events_kafka, settings.input_topic, progress=False)
     job.run(spark, settings, available_now=True)
 
@@ -416,10 +424,11 @@ def test_silver_appends_again_once_the_watermark_passes_the_events_it_held(
     assert all(str(click).startswith("after-") for click in attributed.values()), attributed
     assert load(t.SILVER).where(F.col("event_id") == latest.event_id).count() == 1
     after = outcomes()
-    assert (after["accepted"], after["duplicate"], after["late"]) == (
+    assert (after["accepted"], after["duplicate"], after["late"], after["unknown_ad"]) == (
         before["accepted"] + len(fresh),
         before["duplicate"] + 1,
         before["late"] + 1,
+        before["unknown_ad"] + 1,
     )
     checks = audit(spark, _warehouse(settings), KafkaConnection.of(settings))
     assert [c.name for c in checks if not c.ok] == []
@@ -450,7 +459,12 @@ def test_a_replay_counts_a_resend_of_an_event_it_never_read_a_duplicate(
     A new event behind the watermark, sent while no job runs, is read first by the replay,
     whose first batch's watermark is zero: it is late all the same, behind the latest watermark
     a batch was planned under (as the generation before would have made it), and the final
-    window it falls in keeps its values; the reconciliation decides it late too."""
+    window it falls in keeps its values; the reconciliation decides it late too.
+
+    An impression the generation before quarantined as ``unknown_ad`` is read again after its
+    ad was added to the dimension: it stays quarantined (its first reader's decision), not
+    accepted beside its quarantine row, as the reconciliation (its first reader's dimension
+    version) decides too."""
 
     def load(name: str):  # type: ignore[no-untyped-def]
         return spark.read.format("delta").load(f"{_warehouse(settings)}/{name}")
@@ -497,6 +511,11 @@ def test_a_replay_counts_a_resend_of_an_event_it_never_read_a_duplicate(
         .first()
     )
     produce([(raw.raw_key, json.dumps(unread).encode())], events_kafka, topic, progress=False)
+    (refused,) = load(t.QUARANTINE).where(F.col("raw_text").contains(REFUSED)).collect()
+    assert refused.reason == "unknown_ad" and refused.kafka_partition == partition
+    assert refused.kafka_offset > first.kafka_offset, "the replay reads it again"
+    campaign, advertiser, cpm, cpc = first.campaign_id, first.advertiser_id, Decimal(1), Decimal(1)
+    upsert_dim_ads(spark, _warehouse(settings), [(ADDED_LATER, campaign, advertiser, cpm, cpc)])
     old = job.current_generation(settings.checkpoints)
     job.run(
         spark,
@@ -534,6 +553,8 @@ def test_a_replay_counts_a_resend_of_an_event_it_never_read_a_duplicate(
     assert read_batch_meta(gen.checkpoint, read_by[0].batch_id).watermark_ms < behind_ms
     assert late.ms == read_by[0].ms >= behind_ms
     assert load(t.SILVER).where(F.col("event_id") == "unread-behind").count() == 0
+    assert load(t.SILVER).where(F.col("event_id") == REFUSED).count() == 0
+    assert load(t.QUARANTINE).where(F.col("raw_text").contains(REFUSED)).collect() == [refused]
     assert load(t.GOLD_1M).where(window).select(values).collect() == [kept]
     replayed = load(t.LEDGER).where(F.col("app_id") == gen.app_id).agg(F.max("batch_id")).first()[0]
     produce([(raw.raw_key, raw.raw_value)], events_kafka, settings.input_topic, progress=False)

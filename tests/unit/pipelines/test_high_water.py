@@ -59,3 +59,13 @@ def test_ledger_and_sessions_marks() -> None:
     assert hw.ledger_fresh(8) and not hw.ledger_fresh(7) and not hw.ledger_fresh(0)
     assert hw.sessions_fresh(5_000) and not hw.sessions_fresh(4_999)
     assert marks(session_end_ms=NEVER).sessions_fresh(0)
+
+
+def test_a_batch_looks_up_events_quarantined_as_unknown_ad_the_state_never_saw() -> None:
+    """Events the dimension refused after the dedup state let them through: another copy is
+    a duplicate, so a batch looks them up until its watermark passes the latest of them."""
+    assert not marks().ids_unseen(watermark_ms=0)
+    refused = marks(unknown_until_ms=12_000)  # silver: this generation's alone
+    assert refused.ids_unseen(watermark_ms=11_999)
+    assert not refused.ids_unseen(watermark_ms=12_000)
+    assert marks(silver_exclusive=False).ids_unseen(watermark_ms=8_999)  # silver's, as before

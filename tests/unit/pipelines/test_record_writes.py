@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 
 from pyspark.sql import Row, SparkSession
@@ -11,7 +12,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from pipelines import tables as t
 from pipelines.delta_writes import Tables
-from pipelines.high_water import NEVER, HighWater
+from pipelines.high_water import NEVER, HighWater, read_high_water
 from pipelines.ledger import write_ledger
 from pipelines.record_writes import (
     PriorDecisions,
@@ -21,8 +22,17 @@ from pipelines.record_writes import (
     ranges_and_counts,
     record_writes,
 )
-from pipelines.transforms import ACCEPTED, DUPLICATE, LATE, lateness
-from schemas.ad_event import MALFORMED_JSON
+from pipelines.transforms import (
+    ACCEPTED,
+    DUPLICATE,
+    LATE,
+    classify,
+    enrich,
+    lateness,
+    parse_events,
+)
+from schemas.ad_event import MALFORMED_JSON, UNKNOWN_AD
+from tests.builders import event, kafka_rows
 
 TOPIC = "ad-events"
 
@@ -236,3 +246,117 @@ def test_offsets_read_before_are_each_generations_own_range_and_decide_under_no_
     assert {r.cut for r in cut if r.kafka_offset in (10, 19, 30, 31)} == {1_000}
     # No earlier generation: the batch's own watermark.
     assert offsets.select(lateness(500, NEVER, None).alias("c")).first().c == 500
+
+
+def test_a_replay_keeps_what_an_earlier_generation_quarantined_and_knows_its_refused_events(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Generation 1 read two records: one malformed, and an impression whose ad its dimension
+    lacked (``unknown_ad``: the dedup state let it through, the dimension refused it). A replay
+    (generation 3) reads them again once the dimension has the ad, and a copy of the refused
+    event at an offset no generation read, which its fresh dedup state picks first: both
+    records keep their reasons and the copy is a duplicate, as generation 1's state would have
+    made it, while the run's marks say such an event may be unseen. A replay before it
+    (generation 2, without this fix) had accepted the refused record beside its quarantine
+    row: the record's first reader's decision stands, once."""
+    warehouse = str(tmp_path / "warehouse")
+    t.create_tables(spark, warehouse)
+    at_ms = int(datetime(2026, 11, 20, 10, 30, tzinfo=UTC).timestamp() * 1000)
+    refused = event("refused", event_time="2026-11-20T10:30:00.000Z", ad_id="ad-9")
+    keys = ["kafka_topic", "kafka_partition", "kafka_offset"]
+    none_known = spark.createDataFrame([], t.table(t.DIM_ADS).ddl)
+    known = spark.createDataFrame(
+        [("ad-9", "cmp-9", "adv-9", Decimal(1), Decimal(1))], t.table(t.DIM_ADS).ddl
+    )
+
+    gen1 = Tables(spark, warehouse, "gen-1", 1)
+    parsed = kafka_rows(spark, [refused, "{broken"], partitions=1).transform(
+        parse_events(max_bytes=4096)
+    )
+    firsts = parsed.where(F.col("reject_reason").isNull()).select(*keys)
+    rows = gen1.stamped(enrich(classify(parsed, firsts, watermark_ms=0), none_known), 0)
+    stats = batch_stats(rows)
+    ranges, counts = ranges_and_counts(stats)
+    assert counts == {UNKNOWN_AD: 1, MALFORMED_JSON: 1, "read": 2}
+    empty = HighWater({}, -1, NEVER, silver_exclusive=True, silver_until_ms=NEVER)
+    for w in record_writes(
+        rows,
+        ranges,
+        counts,
+        None,
+        watermark_ms=0,
+        late_at=F.lit(0),
+        dim_version=0,
+        high_water=empty,
+    ):
+        w.rows.write.format("delta").mode("append").save(gen1.path(w.name))
+    write_ledger(
+        gen1,
+        0,
+        dim_version=0,
+        ranges={tp: (lo, hi, n) for tp, (lo, hi, n) in ranges.items()},
+        counts=counts,
+        transactional_id=None,
+        kafka_outcome="nothing-to-publish",
+        millis={"batch_timestamp": 0, "watermark": 0, "started_at": 0, "finished_at": 0},
+        fresh=True,
+    )
+
+    # Generation 1's own dedup state saw the event: its restarts do not look it up.
+    assert read_high_water(spark, warehouse, "gen-1", 1).unknown_until_ms == NEVER
+
+    # A replay before this fix (generation 2) accepted the refused record once its ad was
+    # known, beside its quarantine row: its first reader's decision is the one that stands.
+    gen2 = Tables(spark, warehouse, "gen-2", 2)
+    accepted = gen2.stamped(
+        enrich(classify(parsed, firsts, watermark_ms=0), known).where("kafka_offset = 0"), 0
+    )
+    (silver,) = record_writes(
+        accepted,
+        {("t", 0): [0, 0, 1]},
+        {ACCEPTED: 1, "read": 1},
+        (at_ms, at_ms),
+        watermark_ms=0,
+        late_at=F.lit(0),
+        dim_version=1,
+        high_water=empty,
+    )[1:]
+    typed = [F.col(f.name).cast(f.dataType) for f in t.schema(t.SILVER).fields]
+    silver.rows.select(typed).write.format("delta").mode("append").save(gen2.path(t.SILVER))
+
+    # Generation 3's dedup state never saw the event.
+    marks = read_high_water(spark, warehouse, "gen-3", 3)
+    assert marks.unknown_until_ms == at_ms
+    assert marks.ids_unseen(at_ms - 1) and not marks.ids_unseen(at_ms)
+    decisions = PriorDecisions(Tables(spark, warehouse, "gen-3", 3), tmp_path / "gen-3")
+    seen = decisions.read_before(0)
+    prior = decisions.prior(seen)
+    assert prior is not None
+    assert sorted((r.kafka_offset, r.prior_outcome) for r in prior.collect()) == [
+        (0, UNKNOWN_AD),
+        (1, MALFORMED_JSON),
+    ]
+    stored = decisions.stored_ids(0)
+    assert sorted(
+        (r.event_id, r.stored_at.kafka_offset, r.stored_outcome) for r in stored.collect()
+    ) == [("refused", 0, ACCEPTED), ("refused", 0, UNKNOWN_AD)]
+    assert decisions.stored_ids(at_ms).count() == 0  # at or behind the watermark: late anyway
+
+    again = kafka_rows(spark, [refused, "{broken", refused], partitions=1).transform(
+        parse_events(max_bytes=4096)
+    )
+    outcomes = enrich(
+        classify(
+            again,
+            again.where("kafka_offset = 2").select(*keys),  # the state's pick: the copy
+            watermark_ms=lateness(0, NEVER, seen),
+            prior=prior,
+            stored=stored,
+        ),
+        known,
+    )
+    assert {r.kafka_offset: r.outcome for r in outcomes.collect()} == {
+        0: UNKNOWN_AD,
+        1: MALFORMED_JSON,
+        2: DUPLICATE,
+    }

@@ -76,43 +76,62 @@ def test_enrichment_and_exact_cost(spark: SparkSession, dim: DataFrame) -> None:
 
 def test_prior_decisions_of_another_generation_stand(spark: SparkSession, dim: DataFrame) -> None:
     """A replay re-reads records an earlier generation already decided: late stays late,
-    accepted stays accepted, whatever this generation's watermark says."""
+    accepted stays accepted, whatever this generation's watermark says, and ``unknown_ad``
+    stays quarantined though the dimension has the ad now (a replay after adding it)."""
     values = [
         event("a", event_time="2026-11-20T09:00:00.000Z"),  # behind the watermark, was accepted
         event("b", event_time="2026-11-20T10:30:00.000Z"),  # ahead of it, was late
         event("c", event_time="2026-11-20T10:30:00.000Z"),  # no earlier decision
+        event("d", event_time="2026-11-20T10:30:00.000Z", ad_id="ad-1"),  # was unknown_ad
     ]
     parsed = kafka_rows(spark, values, partitions=1).transform(parse_events(max_bytes=4096))
     firsts = parsed.select("kafka_topic", "kafka_partition", "kafka_offset")
     prior = spark.createDataFrame(
-        [("t", 0, 0, "accepted"), ("t", 0, 1, LATE)],
+        [("t", 0, 0, "accepted"), ("t", 0, 1, LATE), ("t", 0, 3, c.UNKNOWN_AD)],
         "kafka_topic string, kafka_partition int, kafka_offset long, prior_outcome string",
     )
-    rows = classify(parsed, firsts, watermark_ms=WATERMARK_MS, prior=prior).orderBy("kafka_offset")
-    assert [r.outcome for r in rows.collect()] == ["accepted", LATE, "accepted"]
+    rows = enrich(classify(parsed, firsts, watermark_ms=WATERMARK_MS, prior=prior), dim).orderBy(
+        "kafka_offset"
+    )
+    assert [r.outcome for r in rows.collect()] == ["accepted", LATE, "accepted", c.UNKNOWN_AD]
 
 
-def test_an_event_silver_already_holds_is_a_duplicate_whatever_the_dedup_state(
-    spark: SparkSession,
+def test_an_event_already_decided_is_a_duplicate_whatever_the_dedup_state(
+    spark: SparkSession, dim: DataFrame
 ) -> None:
     """A replay's dedup state starts empty: the copy it sees first of an event an earlier
-    generation accepted at another offset must still count as a duplicate, while the accepted
-    record itself, read again at its own offset, stays accepted."""
+    generation accepted (or quarantined as ``unknown_ad``) at another offset must still count
+    as a duplicate, while the decided record itself, read again at its own offset, keeps its
+    outcome."""
     values = [
         event("kept", event_time="2026-11-20T10:30:00.000Z"),  # silver holds it, at this offset
         event("copy", event_time="2026-11-20T10:30:00.000Z"),  # silver holds it at offset 9
         event("new", event_time="2026-11-20T10:30:00.000Z"),  # never seen
+        # Quarantined as unknown_ad at offset 8; the dimension has its ad now.
+        event("refused", event_time="2026-11-20T10:30:00.000Z", ad_id="ad-1"),
+        event("held", event_time="2026-11-20T10:30:00.000Z", ad_id="ad-1"),  # so, here
     ]
     parsed = kafka_rows(spark, values, partitions=1).transform(parse_events(max_bytes=4096))
     firsts = parsed.select("kafka_topic", "kafka_partition", "kafka_offset")  # state: all first
     stored = spark.createDataFrame(
-        [("kept", ("t", 0, 0)), ("copy", ("t", 0, 9))],
+        [
+            ("kept", ("t", 0, 0), "accepted"),
+            ("copy", ("t", 0, 9), "accepted"),
+            ("refused", ("t", 0, 8), c.UNKNOWN_AD),
+            ("held", ("t", 0, 4), c.UNKNOWN_AD),
+        ],
         "event_id string, stored_at struct<kafka_topic:string,kafka_partition:int,"
-        "kafka_offset:long>",
+        "kafka_offset:long>, stored_outcome string",
     )
-    rows = classify(parsed, firsts, watermark_ms=WATERMARK_MS, stored=stored)
+    rows = enrich(classify(parsed, firsts, watermark_ms=WATERMARK_MS, stored=stored), dim)
     outcomes = {r.event_id: r.outcome for r in rows.collect()}
-    assert outcomes == {"kept": "accepted", "copy": "duplicate", "new": "accepted"}
+    assert outcomes == {
+        "kept": "accepted",
+        "copy": DUPLICATE,
+        "new": "accepted",
+        "refused": DUPLICATE,  # as the dedup state, had it seen offset 8, would have made it
+        "held": c.UNKNOWN_AD,
+    }
 
 
 def test_the_copy_silver_holds_stays_accepted_whichever_copy_the_state_picks(
@@ -130,7 +149,9 @@ def test_the_copy_silver_holds_stays_accepted_whichever_copy_the_state_picks(
         "kafka_topic", "kafka_partition", "kafka_offset"
     )
     stored = parsed.where("kafka_offset = 0").select(
-        "event_id", F.struct("kafka_topic", "kafka_partition", "kafka_offset").alias("stored_at")
+        "event_id",
+        F.struct("kafka_topic", "kafka_partition", "kafka_offset").alias("stored_at"),
+        F.lit("accepted").alias("stored_outcome"),
     )
     rows = classify(parsed, firsts, watermark_ms=WATERMARK_MS, stored=stored)
     outcomes = {r.kafka_offset: r.outcome for r in rows.collect()}
