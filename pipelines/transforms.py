@@ -75,11 +75,17 @@ def _text(name: str) -> Column:
 _TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSX"
 
 
-def parse_events(*, max_bytes: int, quality_gate: bool = True) -> Callable[[DataFrame], DataFrame]:
+def parse_events(
+    *, max_bytes: int, quality_gate: bool = True, now: Column | None = None
+) -> Callable[[DataFrame], DataFrame]:
     """Adds the typed ``ad_event.v1`` columns and ``reject_reason`` (null when valid).
 
     Checks run in a fixed order and the first failing one names the reason, so a record has
-    exactly one reason and the counts per reason add up.
+    exactly one reason and the counts per reason add up. An event time more than
+    ``FUTURE_TOLERANCE_S`` ahead of ``now`` is refused: by default ``current_timestamp()``,
+    which in a streaming query is the micro-batch's own timestamp (from the offset log), so a
+    re-executed batch decides the same; a batch job deciding records a stream read long ago
+    (``adattr reconcile``) gives each record its batch's timestamp.
     """
     contract = c.contract()
     fields = {f.name: f for f in contract.fields}
@@ -146,10 +152,10 @@ def parse_events(*, max_bytes: int, quality_gate: bool = True) -> Callable[[Data
         ),
         (c.NEGATIVE_REVENUE, _present("revenue") & _text("revenue").startswith("-")),
         (
-            # current_timestamp() is the micro-batch's own timestamp in a streaming query (from
-            # the offset log), so a re-executed batch decides the same.
             c.QUALITY_EVENT_TIME_IN_FUTURE,
-            F.col("_ts") > F.expr(f"current_timestamp() + INTERVAL {c.FUTURE_TOLERANCE_S} SECONDS"),
+            F.col("_ts")
+            > (F.current_timestamp() if now is None else now)
+            + F.expr(f"INTERVAL {c.FUTURE_TOLERANCE_S} SECONDS"),
         ),
         (c.INVALID_VALUE, _present("revenue") & ~_text("revenue").rlike(revenue_pattern)),
     ]

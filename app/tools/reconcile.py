@@ -1,12 +1,13 @@
 """``adattr reconcile``: every derived table recomputed from ``bronze_ad_events`` in one batch
 job, with the streaming job's own transforms, and diffed with what the stream wrote.
 
-The stream decides incrementally, batch by batch; this decides everything at once, from the
-raw bytes. The two can only agree if no batch was lost, doubled or half-applied. What a batch
-job cannot know by itself comes from the ledger, per bronze row (``generation``, ``batch_id``):
-the watermark of the batch that read it (lateness) and the ``dim_ads`` version it used
-(prices). Duplicates: of an event's on-time copies, the first read wins; which copy that is
-within one batch is arbitrary in the stream, so silver is compared without Kafka coordinates.
+The stream decides incrementally, batch by batch; this decides everything at once, from the raw
+bytes. The two can only agree if no batch was lost, doubled or half-applied. What a batch job
+cannot know by itself comes from the ledger, per bronze row (``generation``, ``batch_id``): the
+watermark of the batch that read it (lateness), its timestamp (the quality gate's "not in the
+future") and the ``dim_ads`` version it used (prices). Duplicates: of an event's on-time copies,
+the first read wins; which copy that is within one batch is arbitrary in the stream, so silver is
+compared without Kafka coordinates.
 """
 
 from __future__ import annotations
@@ -60,14 +61,17 @@ def recompute(
     batches = ledger.select(
         "generation",
         "batch_id",
+        F.col("batch_timestamp").alias("_batch_timestamp"),
         F.expr("unix_millis(watermark)").alias("_watermark_ms"),
         "dim_version",
     ).dropDuplicates(["generation", "batch_id"])
     final_watermark = ledger.agg(F.max("watermark")).first()
+    # Each record is parsed as its batch parsed it: an event time ahead of the batch's own time
+    # is refused (the quality gate), whatever the clock says now.
     parsed = (
         load(t.BRONZE)
-        .transform(parse_events(max_bytes=max_bytes))
         .join(F.broadcast(batches), list(PROVENANCE))
+        .transform(parse_events(max_bytes=max_bytes, now=F.col("_batch_timestamp")))
     )
     valid_on_time = parsed.where(
         F.col("reject_reason").isNull()
