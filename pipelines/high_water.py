@@ -26,7 +26,7 @@ yet, and that is decidable once per run:
   silver held no row of it at the start; a row this run added, its dedup state saw (a re-read
   record it kept accepted added none: silver held it already). Events the dedup state let through
   that the dimension then refused (quarantined as ``unknown_ad``) are looked up the same way,
-  until the watermark passes the latest of them the state may not have seen
+  once another app id or generation wrote, until the watermark passes the latest of them
   (``unknown_until_ms``): a copy of one is a duplicate, as the state would have made it.
 - The ledger is keyed by (app id, batch id): a batch above the highest this app id had appends.
 - Closed sessions are written in the watermark interval ``(w_prev, w_cur]`` of their end: a
@@ -51,8 +51,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
-from pipelines.transforms import event_identity
-from schemas import ad_event as c
+from pipelines.transforms import refused_events
 
 NEVER = -(2**62)
 
@@ -116,9 +115,9 @@ class HighWater:
 
 
 def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation: int) -> HighWater:
-    """The marks, from thirteen small queries run four at once: each first loads its table's
-    snapshot (~0.7 s of mostly driver-side work on a cold run), one after another seven cost
-    ~5 s."""
+    """The marks, from thirteen small queries run four at once (and, once another app id or
+    generation wrote, a fourteenth after them): each first loads its table's snapshot (~0.7 s
+    of mostly driver-side work on a cold run), one after another seven cost ~5 s."""
 
     def load(name: str) -> DataFrame:
         return spark.read.format("delta").load(f"{warehouse}/{name}")
@@ -154,11 +153,7 @@ def read_high_water(spark: SparkSession, warehouse: str, app_id: str, generation
 
     def unknown_until() -> int:
         found = (
-            load(t.QUARANTINE)
-            .where(F.col("reason") == c.UNKNOWN_AD)
-            .transform(event_identity)
-            .agg(F.expr("unix_millis(max(event_time))"))
-            .first()
+            refused_events(load(t.QUARANTINE)).agg(F.expr("unix_millis(max(event_time))")).first()
         )
         return int(found[0]) if found is not None and found[0] is not None else NEVER
 

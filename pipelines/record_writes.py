@@ -21,7 +21,7 @@ from pipelines import tables as t
 from pipelines.delta_writes import Tables
 from pipelines.high_water import HighWater
 from pipelines.offset_log import rereads
-from pipelines.transforms import ACCEPTED, LATE, event_identity
+from pipelines.transforms import ACCEPTED, LATE, refused_events
 from schemas import ad_event as c
 
 # (topic, partition) -> [lowest offset, highest offset, records] of one batch.
@@ -191,9 +191,10 @@ class PriorDecisions:
             first = F.struct("generation", "batch_id").alias("_first")
             return self.tables.load(name).where(seen).select(*keys, first, outcome)
 
-        # A quarantine reason can follow from more than the record's bytes: ``unknown_ad`` from
-        # the dimension as of its batch, ``quality_event_time_not_in_future`` from the batch's
-        # time; a replay's batch may decide both differently.
+        # Every reason stands, as every other decision does (a parser fixed since does not
+        # re-decide it either); two follow from more than the record's bytes, and a replay's
+        # batch would decide them differently: ``unknown_ad`` from the dimension as of its
+        # batch, ``quality_event_time_not_in_future`` from the batch's time.
         outcomes = (
             decided(t.SILVER, F.lit(ACCEPTED).alias("prior_outcome"))
             .unionByName(decided(t.LATE, F.lit(LATE).alias("prior_outcome")))
@@ -219,9 +220,7 @@ class PriorDecisions:
             .select("event_id", where, F.lit(ACCEPTED).alias("stored_outcome"))
         )
         unknown = (
-            self.tables.load(t.QUARANTINE)
-            .where(F.col("reason") == c.UNKNOWN_AD)
-            .transform(event_identity)
+            refused_events(self.tables.load(t.QUARANTINE))
             .where(after)
             .select("event_id", where, F.col("reason").alias("stored_outcome"))
         )

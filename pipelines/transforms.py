@@ -228,6 +228,12 @@ def event_identity(records: DataFrame) -> DataFrame:
     )
 
 
+def refused_events(quarantine: DataFrame) -> DataFrame:
+    """The quarantine's ``unknown_ad`` rows with their ``event_id`` and ``event_time``: events
+    the dedup state let through and the dimension then refused."""
+    return quarantine.where(F.col("reason") == c.UNKNOWN_AD).transform(event_identity)
+
+
 def first_sightings(*, watermark_delay: str) -> Callable[[DataFrame], DataFrame]:
     """The stateful step: of the valid records, the first sighting of each ``event_id``.
 

@@ -56,7 +56,12 @@ _ONE_UNIT = {
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Replaces xdist's default (``-n 2`` alone, ``--dist load``); another ``--dist`` given
+    stands. A worker that dies leaves the rest of its unit to the other worker, which then runs
+    the job module's later tests without the earlier ones (as xdist does with any unit)."""
+    if config.getvalue("dist") != "load":
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ModulesLongestFirst(LoadScopeScheduling):

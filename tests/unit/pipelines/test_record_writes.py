@@ -256,9 +256,9 @@ def test_a_replay_keeps_what_an_earlier_generation_quarantined_and_knows_its_ref
     (generation 3) reads them again once the dimension has the ad, and a copy of the refused
     event at an offset no generation read, which its fresh dedup state picks first: both
     records keep their reasons and the copy is a duplicate, as generation 1's state would have
-    made it, while the run's marks say such an event may be unseen. A replay before it
-    (generation 2, without this fix) had accepted the refused record beside its quarantine
-    row: the record's first reader's decision stands, once."""
+    made it, while the run's marks say such an event may be unseen. The same once tables a
+    replay without this fix left (generation 2 accepted the refused record beside its
+    quarantine row) hold the record twice: its first reader's decision stands, once."""
     warehouse = str(tmp_path / "warehouse")
     t.create_tables(spark, warehouse)
     at_ms = int(datetime(2026, 11, 20, 10, 30, tzinfo=UTC).timestamp() * 1000)
@@ -305,8 +305,44 @@ def test_a_replay_keeps_what_an_earlier_generation_quarantined_and_knows_its_ref
     # Generation 1's own dedup state saw the event: its restarts do not look it up.
     assert read_high_water(spark, warehouse, "gen-1", 1).unknown_until_ms == NEVER
 
-    # A replay before this fix (generation 2) accepted the refused record once its ad was
-    # known, beside its quarantine row: its first reader's decision is the one that stands.
+    # Generation 3's dedup state never saw the event.
+    marks = read_high_water(spark, warehouse, "gen-3", 3)
+    assert marks.unknown_until_ms == at_ms
+    assert marks.ids_unseen(at_ms - 1) and not marks.ids_unseen(at_ms)
+    decisions = PriorDecisions(Tables(spark, warehouse, "gen-3", 3), tmp_path / "gen-3")
+    seen = decisions.read_before(0)
+    again = kafka_rows(spark, [refused, "{broken", refused], partitions=1).transform(
+        parse_events(max_bytes=4096)
+    )
+
+    def prior() -> list[tuple[int, str]]:
+        found = decisions.prior(seen)
+        assert found is not None
+        return sorted((r.kafka_offset, r.prior_outcome) for r in found.collect())
+
+    def stored() -> list[tuple[str, int, str]]:
+        rows = decisions.stored_ids(0).collect()
+        return sorted((r.event_id, r.stored_at.kafka_offset, r.stored_outcome) for r in rows)
+
+    def replayed() -> dict[int, str]:
+        """Generation 3's first batch: offsets 0-1 again and the copy at 2, which its fresh
+        dedup state picks first, under a dimension that has the ad now."""
+        outcomes = classify(
+            again,
+            again.where("kafka_offset = 2").select(*keys),
+            watermark_ms=lateness(0, NEVER, seen),
+            prior=decisions.prior(seen),
+            stored=decisions.stored_ids(0),
+        )
+        return {r.kafka_offset: r.outcome for r in enrich(outcomes, known).collect()}
+
+    assert prior() == [(0, UNKNOWN_AD), (1, MALFORMED_JSON)]
+    assert stored() == [("refused", 0, UNKNOWN_AD)]
+    assert decisions.stored_ids(at_ms).count() == 0  # at or behind the watermark: late anyway
+    assert replayed() == {0: UNKNOWN_AD, 1: MALFORMED_JSON, 2: DUPLICATE}
+
+    # Tables a replay without this fix left (generation 2 accepted the refused record once its
+    # ad was known, beside its quarantine row): its first reader's decision stands, once.
     gen2 = Tables(spark, warehouse, "gen-2", 2)
     accepted = gen2.stamped(
         enrich(classify(parsed, firsts, watermark_ms=0), known).where("kafka_offset = 0"), 0
@@ -323,40 +359,6 @@ def test_a_replay_keeps_what_an_earlier_generation_quarantined_and_knows_its_ref
     )[1:]
     typed = [F.col(f.name).cast(f.dataType) for f in t.schema(t.SILVER).fields]
     silver.rows.select(typed).write.format("delta").mode("append").save(gen2.path(t.SILVER))
-
-    # Generation 3's dedup state never saw the event.
-    marks = read_high_water(spark, warehouse, "gen-3", 3)
-    assert marks.unknown_until_ms == at_ms
-    assert marks.ids_unseen(at_ms - 1) and not marks.ids_unseen(at_ms)
-    decisions = PriorDecisions(Tables(spark, warehouse, "gen-3", 3), tmp_path / "gen-3")
-    seen = decisions.read_before(0)
-    prior = decisions.prior(seen)
-    assert prior is not None
-    assert sorted((r.kafka_offset, r.prior_outcome) for r in prior.collect()) == [
-        (0, UNKNOWN_AD),
-        (1, MALFORMED_JSON),
-    ]
-    stored = decisions.stored_ids(0)
-    assert sorted(
-        (r.event_id, r.stored_at.kafka_offset, r.stored_outcome) for r in stored.collect()
-    ) == [("refused", 0, ACCEPTED), ("refused", 0, UNKNOWN_AD)]
-    assert decisions.stored_ids(at_ms).count() == 0  # at or behind the watermark: late anyway
-
-    again = kafka_rows(spark, [refused, "{broken", refused], partitions=1).transform(
-        parse_events(max_bytes=4096)
-    )
-    outcomes = enrich(
-        classify(
-            again,
-            again.where("kafka_offset = 2").select(*keys),  # the state's pick: the copy
-            watermark_ms=lateness(0, NEVER, seen),
-            prior=prior,
-            stored=stored,
-        ),
-        known,
-    )
-    assert {r.kafka_offset: r.outcome for r in outcomes.collect()} == {
-        0: UNKNOWN_AD,
-        1: MALFORMED_JSON,
-        2: DUPLICATE,
-    }
+    assert prior() == [(0, UNKNOWN_AD), (1, MALFORMED_JSON)]
+    assert stored() == [("refused", 0, ACCEPTED), ("refused", 0, UNKNOWN_AD)]
+    assert replayed() == {0: UNKNOWN_AD, 1: MALFORMED_JSON, 2: DUPLICATE}
