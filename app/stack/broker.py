@@ -16,6 +16,7 @@ import random
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -64,14 +65,40 @@ def port_is_free(host: str, port: int) -> bool:
 # The ports free_port gave out in this process: two calls in a row (a broker's client and
 # controller ports) must not get the same one before either listener binds it.
 _GIVEN: set[int] = set()
+# And those any process on this machine chose lately, a file each: two processes choosing at
+# once (two pytest-xdist workers, a test and the `adattr` command it runs) must not both get a
+# port before either listener binds it. A claim older than a minute is stale: its listener is
+# up by then (or never came), and the port's own bind check decides.
+_CLAIMS = Path(tempfile.gettempdir()) / "adattr-ports"
+_CLAIM_S = 60.0
+
+
+def _claim(port: int) -> bool:
+    """Whether no other process on this machine chose ``port`` within the last minute; if so,
+    the port is now this process's claim."""
+    path = _CLAIMS / str(port)
+    try:
+        _CLAIMS.mkdir(exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - path.stat().st_mtime < _CLAIM_S:
+                return False
+            os.utime(path)  # stale: renewed as this process's claim
+        except OSError:
+            pass
+        return True
+    except OSError:  # a temp folder this user may not write to: the bind check alone
+        return True
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now, for a listener started next, chosen below the kernel's
-    ephemeral range: a port the kernel handed out (``bind(host, 0)``) could be handed out again,
-    to any client's outgoing connection, between this call and the listener's own bind, and the
-    broker or Spark master would then fail to start. Below the range only another explicit
-    listener can take it."""
+    """A port nothing listens on now and no process here chose within the last minute (``_claim``),
+    for a listener started next, chosen below the kernel's ephemeral range: a port the kernel handed
+    out (``bind(host, 0)``) could be handed out again, to any client's outgoing connection, between
+    this call and the listener's own bind, and the broker or Spark master would then fail to start.
+    Below the range only another explicit listener can take it."""
     low, _ = _ephemeral_ports()
     first = max(1024, low - 12_000)
     if low - first < 1000:  # a machine whose range starts near 1024: only the kernel's choice
@@ -79,8 +106,8 @@ def free_port(host: str = "127.0.0.1") -> int:
             sock.bind((host, 0))
             return int(sock.getsockname()[1])
     for port in random.sample(range(first, low), 200):
-        # Not one chosen earlier in this process (its listener maybe not up yet).
-        if port not in _GIVEN and port_is_free(host, port):
+        # Not one chosen earlier here or by another process (its listener maybe not up yet).
+        if port not in _GIVEN and port_is_free(host, port) and _claim(port):
             _GIVEN.add(port)
             return port
     raise RuntimeError(f"no free port in {first}-{low - 1} on {host} after 200 tries")

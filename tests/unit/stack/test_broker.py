@@ -1,6 +1,9 @@
 import base64
+import os
 import socket
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +48,22 @@ def test_a_port_is_given_out_once_per_process(monkeypatch: pytest.MonkeyPatch) -
     # Every try lands on the port given out already (its listener not up yet), then on another.
     monkeypatch.setattr(broker.random, "sample", lambda r, k: [first] * (k - 1) + [first - 1])
     assert broker.free_port() == first - 1
+
+
+def test_a_port_another_process_chose_a_moment_ago_is_not_given_out(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Another process (another test worker) does not share this one's memory of ports given,
+    only the claims on disk: a port claimed within the last minute is skipped, a stale claim
+    is not."""
+    monkeypatch.setattr(broker, "_CLAIMS", tmp_path / "claims")
+    first = broker.free_port()
+    assert (tmp_path / "claims" / str(first)).exists()
+    broker._GIVEN.discard(first)  # as another process, which never gave it out
+    monkeypatch.setattr(broker.random, "sample", lambda r, k: [first] * (k - 1) + [first - 1])
+    assert broker.free_port() == first - 1
+    broker._GIVEN.discard(first)
+    old = time.time() - 2 * broker._CLAIM_S
+    os.utime(tmp_path / "claims" / str(first), (old, old))
+    monkeypatch.setattr(broker.random, "sample", lambda r, k: [first] * k)
+    assert broker.free_port() == first
