@@ -317,7 +317,7 @@ def merged(
     """The rows of ``table`` as a keyed MERGE of ``source`` leaves them that updates every
     column of a matched row unless it is ``final`` and inserts the rest (the attributions
     MERGE): a reader that needs the table after that MERGE reads it so instead, before the
-    MERGE has run (the attribution rows kept between passes: ``pipelines.pending_attributions``)
+    MERGE has run (the attribution rows kept between passes: ``pipelines.pending_rows``)
     or while it runs. The same whether ``table`` was read before the MERGE committed or after
     (run again, it changes nothing), provided the query reads one snapshot: ``table`` appears in
     it once."""

@@ -5,7 +5,7 @@ bounded slices of silver; in a batch without accepted events, finalised by an UP
 condition makes it idempotent). Rows are set, never added to, so a re-executed or replayed
 batch writes the same rows. The sliding hours, and the attributions and 1-minute windows as
 tables, are written by the batches that make a pass (``pipelines.hourly_pass``): the attribution
-rows kept since the last one (``pipelines.pending_attributions``), every minute changed since
+rows kept since the last one (``pipelines.pending_rows``), every minute changed since
 then; a batch between passes publishes the attribution rows and 1-minute windows it computed.
 
 Every row ending at or before the previous batch's watermark is final already (the batch that
@@ -43,7 +43,7 @@ from pipelines.gold import (
 from pipelines.high_water import NEVER
 from pipelines.hourly_pass import HourlyPass, hull, union
 from pipelines.left_windows import Left, LeftWindows
-from pipelines.pending_attributions import PendingAttributions, portable_json
+from pipelines.pending_rows import PendingRows, portable_json
 from pipelines.published_rows import records_of
 from pipelines.timing import StepTimer
 from pipelines.transforms import ACCEPTED
@@ -120,7 +120,8 @@ class GoldUpdate:
         unpassed: tuple[int, int] | None = ANY_MINUTE,
         left_windows: LeftWindows | None = None,
         earlier_left: list[Left] | None = None,
-        pending: PendingAttributions | None = None,
+        pending: PendingRows | None = None,
+        minutes: PendingRows | None = None,
     ) -> None:
         self.tables = tables
         self.spark = tables.spark
@@ -153,10 +154,13 @@ class GoldUpdate:
         # (``LeftWindows.everywhere``), candidates for its pass.
         self.earlier_left = earlier_left or []
         # The attribution rows the batches since the last pass set, which every read of the
-        # table sees and the pass writes (``pipelines.pending_attributions``; the sink gives
+        # table sees and the pass writes (``pipelines.pending_rows``; the sink gives
         # every batch the run's; one given none keeps its own in a new set).
         # The batch adds its own to a copy: the run's change once it is done.
-        self.pending = pending.copy() if pending is not None else PendingAttributions()
+        self.pending = pending.copy() if pending is not None else PendingRows(t.ATTRIBUTIONS)
+        # The 1-minute windows the batches since the last pass published, which a pass that
+        # keeps writes (``HourlyPass.kept``); kept alike.
+        self.minutes = minutes.copy() if minutes is not None else PendingRows(t.GOLD_1M)
 
     @property
     def advanced(self) -> bool:
@@ -166,6 +170,13 @@ class GoldUpdate:
     def settles(self) -> bool:
         """Whether a pass has 1-minute or hourly rows to finalise (``_settled``)."""
         return self._settled() > self.w_prev
+
+    @property
+    def publishes(self) -> bool:
+        """Whether the batch publishes the attribution rows and 1-minute windows it computed
+        and keeps them (between passes, and a pass that keeps: ``HourlyPass.kept``), rather
+        than MERGEing them before its transaction and publishing the rows stamped with it."""
+        return self.hourly is None or self.hourly.kept
 
     @property
     def due(self) -> bool:
@@ -211,13 +222,14 @@ class GoldUpdate:
             self._finalise_all()
             return
         assert span is not None, "a batch with accepted events has their time span"
-        # A pass with nothing kept MERGEs its own rows as computed; any other batch keeps them.
-        keep = self.hourly is None or bool(self.pending)
+        # A pass that recomputes, with nothing kept, MERGEs its own rows as computed; any other
+        # batch keeps them.
+        keep = self.publishes or bool(self.pending)
         attributions, reattributed, left = self._attributions(rows, span, keep=keep)
         minutes = hull(span, reattributed)
         self.changed_minutes = minutes
         self._run(attributions)
-        if self.hourly is not None:
+        if self.hourly is not None and not self.hourly.kept:
             self._write_pending()
             left = sorted({*left, *self.earlier_left})
             candidates = self._left_windows(left) if left else None
@@ -232,7 +244,7 @@ class GoldUpdate:
         """A batch without accepted events: the attributions, the 1-minute windows and the
         hours its watermark passed (and the minutes a pass owes)."""
         plan = self.hourly
-        if plan is None:
+        if plan is None or plan.kept:  # a kept pass writes after the transaction: pass_kept
             if self.advanced:
                 self._keep_finalised()
                 self.records[t.GOLD_1M] = self._publish_minutes(None)
@@ -270,12 +282,34 @@ class GoldUpdate:
             writes.append(lambda: two.pass_hours(None))
         run_concurrently(writes, together=at_once)
 
+    def pass_kept(self) -> None:
+        """A pass that keeps (``HourlyPass.kept``), after the batch's Kafka transaction and
+        before its ledger row: the attribution rows and the 1-minute windows kept since the
+        last pass (the batch's own among them), each by one keyed MERGE with the batch's Delta
+        txn ids, then the hours holding a minute changed since then, from the 1-minute table.
+
+        The windows kept are every one a batch since the last pass changed or finalised: each
+        batch published (and kept) the windows of its events and re-attributed conversions and
+        those its watermark passed (``_publish_minutes``), so the MERGE of the latest row per
+        window leaves the table as a MERGE in every batch would have, stamps included. A crash
+        before the ledger row re-executes the batch as its next run's first, which passes by
+        recomputing (what it finds committed under this batch's txn ids stands)."""
+        plan = self.hourly
+        assert plan is not None and plan.kept, "a pass that keeps"
+        self._write_pending()
+        self._write_kept_minutes()
+        self.pass_hours(self.changed_minutes)
+
     def pass_stop(self) -> None:
         """The pass owed at the stop (``hourly``): the attribution rows kept since the last
         pass, then the 1-minute windows changed since then (their values and finality
-        published already, by the batches that changed them), then the hours."""
+        published already, by the batches that changed them: the windows kept, or recomputed
+        after a run's first batch that did not pass by keeping), then the hours."""
         plan = self.hourly
         assert plan is not None, "a pass to make"
+        if plan.kept:
+            self.pass_kept()
+            return
         self._write_pending()
         at = self.since(plan.since_ms)
         if plan.pending is not None:
@@ -294,7 +328,7 @@ class GoldUpdate:
     def _collect(self, rows: DataFrame, flag: str | None = None, step: str = "kept") -> list[Row]:
         """``rows`` (the attributions table's columns, and ``flag`` beside them) on the driver
         by one job, each with the record that publishes it, its JSON as kept
-        (``pipelines.pending_attributions``) and its conversion time (``_at``, epoch ms); the
+        (``pipelines.pending_rows``) and its conversion time (``_at``, epoch ms); the
         job's time is the timer's ``step``."""
         started = time.monotonic()
         flags = (flag,) if flag is not None else ()
@@ -303,7 +337,7 @@ class GoldUpdate:
             self.tables,
             t.ATTRIBUTIONS,
             rows.select(*t.columns(t.ATTRIBUTIONS), *flags).select(
-                "*", portable_json().alias("_json"), ms.alias("_at")
+                "*", portable_json(t.ATTRIBUTIONS).alias("_json"), ms.alias("_at")
             ),
             self.batch_id,
             extra=(
@@ -329,7 +363,7 @@ class GoldUpdate:
         if not found:
             return
         self.counts[f"{t.ATTRIBUTIONS}_rows"] = len(found)
-        if self.hourly is None:
+        if self.publishes:
             counted = [
                 (int(r._at), str(r.advertiser_id or ""), str(r.ad_id), str(r.campaign_id or ""))
                 for r in found
@@ -357,6 +391,24 @@ class GoldUpdate:
                 bounds=self.pending.bounds_ms(),
             )
         )
+
+    def _write_kept_minutes(self) -> None:
+        """A pass that keeps: one keyed MERGE of the 1-minute windows kept since the last pass
+        (each with the stamp of the batch that published it), with the batch's Delta txn ids;
+        a final row stays final. Nothing when none are kept."""
+        if not self.minutes:
+            return
+        self._run(
+            Merge(
+                t.GOLD_1M,
+                self.minutes.frame(self.spark),
+                keys=_MINUTE_KEYS,
+                time_column="window_start",
+                update=_update_keeping_final(t.GOLD_1M),
+                bounds=self.minutes.bounds_ms(),
+            )
+        )
+        self.counts[f"{t.GOLD_1M}_kept_rows"] = len(self.minutes)
 
     def _attributions_table(self, where: Column) -> DataFrame:
         """The attributions (of conversion times where ``where`` holds) as the MERGE of the rows
@@ -431,10 +483,16 @@ class GoldUpdate:
             F.expr("unix_millis(window_start)").alias("_at"),
         )
         found = records_of(
-            self.tables, t.GOLD_1M, rows, self.batch_id, extra=(_RECOMPUTED, "_at")
+            self.tables,
+            t.GOLD_1M,
+            rows.withColumn("_json", portable_json(t.GOLD_1M)),
+            self.batch_id,
+            extra=(_RECOMPUTED, "_at", "ad_id", "_json"),
         ).collect()
         if found:
             self.counts[f"{t.GOLD_1M}_rows"] = len(found)
+        # Kept for the pass (``pipelines.pending_rows``), the latest row per window.
+        self.minutes.add(((r._at, r.ad_id), r._at, r._json) for r in found)
         self.timer.since(f"{t.GOLD_1M}:published", started)
         # Zeros the table lacks can only be the candidates' (others are its own zero rows),
         # and only in the recomputed range (outside it the rows are the table's, as they are).
@@ -615,7 +673,7 @@ class GoldUpdate:
 
         A run's first pass also re-attributes the conversions of silver the table may lack or
         hold as a run that died left it (``HourlyPass.conversions``): those the batches since
-        the last pass kept and never wrote (``pipelines.pending_attributions``). Each is
+        the last pass kept and never wrote (``pipelines.pending_rows``). Each is
         attributed from silver's clicks as it would have been by then: a conversion's
         attribution depends on the clicks accepted before its watermark passed it, all in
         silver, never on the order they came in.

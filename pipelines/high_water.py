@@ -75,7 +75,7 @@ class HighWater:
     minutes_final_ms: int = NEVER  # that latest end (NEVER: no final 1-minute row)
     # The time span of silver's conversions at or after the latest conversion time of a final
     # attribution (all of them when none is final; None: no such conversion): every
-    # attribution the runs before may have left unwritten (``pipelines.pending_attributions``)
+    # attribution the runs before may have left unwritten (``pipelines.pending_rows``)
     # is one of theirs.
     conversions_behind: tuple[int, int] | None = None
     attributions_final_ms: int = NEVER  # that latest time (NEVER: no final attribution)

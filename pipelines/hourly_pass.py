@@ -9,7 +9,7 @@ the 1-minute windows and the attributions are) and are a pure function of the 1-
 between passes publishes them from the windows it computed, not from the table
 (``GoldUpdate._publish_minutes``: why that is exact), so a consumer of the topic sees every
 change at once and only the table waits. The attributions likewise: a batch between passes
-publishes the rows it computed and keeps them for the pass (``pipelines.pending_attributions``:
+publishes the rows it computed and keeps them for the pass (``pipelines.pending_rows``:
 why that is exact, and what a run's first pass re-attributes after a crash). A pass writes the
 attribution rows kept since the last pass, then recomputes every minute that a batch since the
 last pass changed, from silver and the attributions as they are then, then every hour holding
@@ -28,7 +28,7 @@ its first batch passes over every row that can be behind: every minute of silver
 after the latest end of a final 1-minute row (``HighWater.minutes_behind``), every hour ending
 after the latest final hourly row, from the 1-minute rows at or after that end
 (``HighWater.hours_behind``), and the attributions of silver's conversions at or after the
-latest final one (``HighWater.conversions_behind``, ``pipelines.pending_attributions``). That
+latest final one (``HighWater.conversions_behind``, ``pipelines.pending_rows``). That
 holds while no batch that left its pass to a later one accepted an event in a final row, which
 is why a batch may leave it only when its watermark is at or past the latest final end of the
 three tables at the run's start (and of what its first pass writes final,
@@ -60,8 +60,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipelines import tables as t
 from pipelines.high_water import NEVER
-from pipelines.pending_attributions import PendingAttributions
+from pipelines.pending_rows import PendingRows
 
 Span = tuple[int, int]
 
@@ -93,6 +94,14 @@ class HourlyPass:
     # have published it final, and is written final (attributions, 1-minute and hourly rows).
     conversions: Span | None = None
     settled_ms: int = NEVER
+    # A pass of a run that has passed before, by a batch that could have left it to a later
+    # one (so never when every batch passes, ``every`` 1: a MERGE in every batch): the batch
+    # publishes what it computed and keeps it, as a batch between passes does,
+    # and after its Kafka transaction writes the rows kept since the last pass
+    # (``pipelines.pending_rows``), then the hours. Otherwise (a run's first pass, or a batch
+    # whose events may fall in a final row) it recomputes the minutes from silver, MERGEs
+    # before its transaction and publishes the rows stamped with it.
+    kept: bool = False
 
 
 class HourlyPasses:
@@ -116,8 +125,10 @@ class HourlyPasses:
         self.conversions = conversions
         self.settled_ms = settled_ms
         self.final_ms = max(final_ms, settled_ms)
-        # The attribution rows the batches since the last pass set, which it writes.
-        self.attributions = PendingAttributions()
+        # The attribution rows and 1-minute windows the batches since the last pass set,
+        # which it writes.
+        self.attributions = PendingRows(t.ATTRIBUTIONS)
+        self.minutes = PendingRows(t.GOLD_1M)
         self.since_batch = 0  # the first batch since the last pass
         self.passed = False  # whether this run has passed yet
         self.since_ms = 0  # the watermark of this run's last pass
@@ -133,7 +144,7 @@ class HourlyPasses:
         later = own and watermark_ms >= self.final_ms
         if self.passed and later and batch_id % self.every:
             return None
-        return self._pass()
+        return self._pass(kept=self.passed and later and self.every > 1)
 
     def done(
         self,
@@ -141,21 +152,26 @@ class HourlyPasses:
         watermark_ms: int,
         span: Span | None,
         plan: HourlyPass | None,
-        kept: PendingAttributions | None = None,
+        kept: PendingRows | None = None,
+        minutes: PendingRows | None = None,
     ) -> None:
         """Batch ``batch_id`` (its accepted events' ``span``) has completed with ``plan``,
-        keeping the attribution rows ``kept`` (those kept before it and its own:
-        ``GoldUpdate.pending``); or, after the stop, the stop's pass (``span`` None)."""
+        keeping the attribution rows ``kept`` and the 1-minute windows ``minutes`` (those
+        kept before it and its own: ``GoldUpdate.pending``, ``GoldUpdate.minutes``); or,
+        after the stop, the stop's pass (``span`` None)."""
         self.last = (batch_id, watermark_ms)
         if plan is None:
             self.pending = union(self.pending, span)
             if kept is not None:
                 self.attributions = kept
+            if minutes is not None:
+                self.minutes = minutes
             return
         self.passed, self.behind, self.pending, self.conversions = True, None, None, None
         self.since_ms = watermark_ms
         self.since_batch = batch_id + 1
         self.attributions.clear()
+        self.minutes.clear()
 
     def at_stop(self) -> tuple[int, int, HourlyPass] | None:
         """The pass to make once the query has stopped: (batch id and watermark of the last
@@ -163,14 +179,15 @@ class HourlyPasses:
         if self.last is None:
             return None
         batch_id, watermark_ms = self.last
-        up_to_date = self.pending is None and not self.attributions
+        up_to_date = self.pending is None and not self.attributions and not self.minutes
         if self.passed and up_to_date and watermark_ms <= self.since_ms:
             return None
-        return batch_id, watermark_ms, self._pass()
+        # The batches since the last pass all left it to a later one: they kept their rows.
+        return batch_id, watermark_ms, self._pass(kept=self.passed and self.every > 1)
 
-    def _pass(self) -> HourlyPass:
+    def _pass(self, *, kept: bool) -> HourlyPass:
         if not self.passed:  # a run's first: whatever earlier runs left behind, every due hour
             return HourlyPass(
                 0, union(self.behind, self.pending), self.conversions, self.settled_ms
             )
-        return HourlyPass(self.since_ms, self.pending)
+        return HourlyPass(self.since_ms, self.pending, kept=kept)

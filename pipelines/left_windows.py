@@ -9,7 +9,7 @@ conversion's ad. A batch that dies after that MERGE and before the zero is writt
 (its MERGE then skipped by its Delta txn ids) with the new ad in the table; the old one is
 kept here, written before the MERGE, so the re-execution still knows the window.
 
-Between passes the table is not written at all (``pipelines.pending_attributions``): the old ad
+Between passes the table is not written at all (``pipelines.pending_rows``): the old ad
 is then in the rows the run keeps, and a run that dies loses them. So a batch between passes
 also keeps here the windows of every attribution it publishes (``counted``), until a pass has
 written them; the next run's first batch, which re-attributes what the table lacks, takes them
@@ -55,7 +55,7 @@ class LeftWindows:
     ) -> list[Left]:
         """``left`` and whatever an earlier execution of ``batch_id`` kept, now kept together
         (on disk before this returns). ``counted``: the windows the attributions the batch
-        publishes without writing them are counted in (``pipelines.pending_attributions``),
+        publishes without writing them are counted in (``pipelines.pending_rows``),
         kept beside (not returned) until ``forget_before`` drops them."""
         path = self.root / f"{batch_id}.json"
         kept = _read(path)

@@ -320,10 +320,11 @@ class AttributionSink:
             sessions=self.gold_sessions,
             carried_clicks=self.clicks.carried(clicks_start) if span is not None else None,
             hourly=hourly,
-            unpassed=self.hourly.pending if hourly is None else None,
+            unpassed=self.hourly.pending if hourly is None or hourly.kept else None,
             left_windows=self.left_windows,
             earlier_left=self.left_windows.everywhere() if first_of_run else None,
             pending=self.hourly.attributions,
+            minutes=self.hourly.minutes,
         )
         gold: list[Callable[[], None]] = []
         if span is not None or gold_update.due:
@@ -379,11 +380,18 @@ class AttributionSink:
         kafka_outcome = self.kafka_outcome = self._publish(
             batch_id, from_tables if wrote_gold else (), [r for rs in given.values() for r in rs]
         )
-        if span is not None and hourly is not None:
-            # A data batch's hourly pass: after its transaction, which it would delay by ~2 s
-            # (the table is published to no one), before the ledger row that completes it.
+        if hourly is not None and (hourly.kept or span is not None):
+            # The pass's writes after the transaction, which they would delay by ~3-5 s (the
+            # batch published what they write, and the hourly table is published to no one),
+            # before the ledger row that completes the batch: a pass that keeps writes the
+            # rows kept since the last pass, then the hours; a data batch's other pass the
+            # hours.
             self._guard()
-            described(self.spark, "hourly", lambda: gold_update.pass_hours(span))()
+            described(
+                self.spark,
+                "hourly",
+                gold_update.pass_kept if hourly.kept else lambda: gold_update.pass_hours(span),
+            )()
             self.timer.mark("hourly")
         crash_point(self.ctx.crash_at, "after_kafka_before_ledger")
         self.last_counts = " ".join(f"{k}={v:,}" for k, v in sorted(counts.items()))
@@ -410,7 +418,12 @@ class AttributionSink:
         # The minutes a later pass recomputes: the batch's events' and its re-attributed
         # conversions'.
         self.hourly.done(
-            batch_id, meta.watermark_ms, gold_update.changed_minutes, hourly, gold_update.pending
+            batch_id,
+            meta.watermark_ms,
+            gold_update.changed_minutes,
+            hourly,
+            gold_update.pending,
+            gold_update.minutes,
         )
         self.left_windows.forget_before(min(batch_id, self.hourly.since_batch))
 
@@ -436,6 +449,7 @@ class AttributionSink:
             lookback_seconds=self.ctx.lookback_seconds,
             hourly=plan,
             pending=self.hourly.attributions,
+            minutes=self.hourly.minutes,
         ).pass_stop()
         self.hourly.done(batch_id, watermark_ms, None, plan)
         self.left_windows.forget_before(batch_id + 1)

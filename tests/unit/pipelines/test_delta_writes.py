@@ -31,7 +31,7 @@ from pipelines.gold_writes import GoldUpdate
 from pipelines.hourly_pass import HourlyPass
 from pipelines.ledger import write_ledger
 from pipelines.offset_log import BatchMeta
-from pipelines.pending_attributions import PendingAttributions
+from pipelines.pending_rows import PendingRows
 from pipelines.published_rows import changed_records
 from pipelines.session_writes import SessionCloser, open_session_state
 from pipelines.timing import StepTimer
@@ -78,7 +78,7 @@ def attribution_source(
     merge.source.unpersist()
     none, kept, span_kept, left_kept = update._attribution_source(rows, span, keep=True)
     assert none is None and span_kept == span_run and left_kept == left_run
-    held = PendingAttributions()
+    held = PendingRows(t.ATTRIBUTIONS)
     held.add([(r.conversion_id, r._at, r._json) for r in kept])
     assert len(kept) == len(run)
     assert {r.conversion_id: r for r in held.frame(update.spark).select(*columns).collect()} == run

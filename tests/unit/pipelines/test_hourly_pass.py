@@ -40,8 +40,11 @@ def test_a_run_passes_first_then_every_nth_batch_and_under_a_replays_watermarks(
     assert passes.plan(10, 1_200, own=False) == HourlyPass(1_000, (1_700, 1_800))
     passes.done(10, 1_200, None, HourlyPass(1_000, (1_700, 1_800)))
     passes.done(11, 1_300, None, passes.plan(11, 1_300, own=True))  # a batch of none
-    assert passes.plan(12, 1_400, own=True) == HourlyPass(1_200, None)
-    passes.done(12, 1_400, (2_000, 2_100), HourlyPass(1_200, None))
+    # A batch that could have left its pass to a later one keeps what it computed, as the
+    # batches between passes do, and writes it after its transaction; one that could not
+    # (batch 10) recomputes.
+    assert passes.plan(12, 1_400, own=True) == HourlyPass(1_200, None, kept=True)
+    passes.done(12, 1_400, (2_000, 2_100), HourlyPass(1_200, None, kept=True))
     # The stop passes when a batch since the last pass accepted events or moved the
     # watermark, as the last batch would have; not when the table is up to date.
     assert passes.at_stop() is None
@@ -49,7 +52,7 @@ def test_a_run_passes_first_then_every_nth_batch_and_under_a_replays_watermarks(
     assert passes.at_stop() is None
     passes.done(14, 1_500, None, passes.plan(14, 1_500, own=True))
     owed = passes.at_stop()
-    assert owed == (14, 1_500, HourlyPass(1_400, None))
+    assert owed == (14, 1_500, HourlyPass(1_400, None, kept=True))
     passes.done(*owed[:2], None, owed[2])
     assert passes.at_stop() is None
 
@@ -63,9 +66,11 @@ def test_a_batch_under_an_hour_made_final_before_the_run_passes_itself() -> None
     plans = []
     for b, w in enumerate((0, 4_000, 9_999, 10_000, 12_000, 15_000)):
         plan = passes.plan(b, w, own=True)
-        plans.append(plan is not None)
+        plans.append(None if plan is None else plan.kept)
         passes.done(b, w, (w + 1, w + 500), plan)
-    assert plans == [True, True, True, False, False, True]
+    # (Those under the final end recompute: only batch 5 could have left its pass to a later
+    # batch, and keeps.)
+    assert plans == [False, False, False, None, None, True]
     # A run's first pass writes rows final up to the latest watermark a batch of any
     # generation was planned under (the topic may carry them final, the table not yet): the batches
     # pass until their watermark reaches that too, whether or not attributions are behind.
@@ -338,6 +343,7 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
             self.left = LeftWindows(self.checkpoints / "gen-0001")
             self.view: dict[str, tuple[int, dict[str, object]]] = {}
             self.passed: list[int] = []
+            self.kept: list[int] = []  # the batches that passed by keeping (``pass_kept``)
             self.sessions = (spark.newSession(), spark.newSession())
 
         def restart(self, generation: int | None = None, settled: float | None = None) -> None:
@@ -418,20 +424,21 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
                 lookback_seconds=600,
                 sessions=self.sessions,
                 hourly=plan,
-                unpassed=self.passes.pending if plan is None else None,
+                unpassed=self.passes.pending if plan is None or plan.kept else None,
                 left_windows=self.left,
                 earlier_left=self.left.everywhere() if first else None,
                 pending=self.passes.attributions,
+                minutes=self.passes.minutes,
             )
             before = table_version(spark, self.tables.path(t.GOLD_1M))
             attributions_before = table_version(spark, self.tables.path(t.ATTRIBUTIONS))
             if span is not None or update.due:
                 update.run(rows, span)
-            if plan is not None:
+            if plan is not None and not plan.kept:
                 self.passed.append(b)
                 if span is not None:
                     update.pass_hours(span)
-            else:  # but for a window a re-attribution emptied that the table holds (batch 4)
+            elif plan is None:  # but for a window a re-attribution emptied that the table holds (4)
                 changed = table_version(spark, self.tables.path(t.GOLD_1M)) != before
                 assert changed == (b == 4), b
                 # The attributions it set are kept for the pass, not written.
@@ -444,7 +451,11 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
                 *(changed_records(self.tables, b, names).collect() if names else []),
             ]
             self.consume(records)
-            self.passes.done(b, ms(w), update.changed_minutes, plan, update.pending)
+            if plan is not None and plan.kept:  # after the transaction, as the sink does
+                self.passed.append(b)
+                self.kept.append(b)
+                update.pass_kept()
+            self.passes.done(b, ms(w), update.changed_minutes, plan, update.pending, update.minutes)
             self.left.forget_before(min(b, self.passes.since_batch))  # as the sink does
 
         def consume(self, records: list[Row]) -> None:
@@ -468,6 +479,7 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
                 lookback_seconds=600,
                 hourly=plan,
                 pending=self.passes.attributions,
+                minutes=self.passes.minutes,
             ).pass_stop()
             self.passes.done(b, w, None, plan)
             self.passed.append(-1)
@@ -540,10 +552,27 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
     # run dies. The next run's first batch re-attributes v9 from silver, where batch 14's click
     # k10 now precedes it, to a2: only the window file batch 13 kept says that the topic
     # counted v9 on a1 (the table never did), and the window is published as zero.
-    for b in (12, 13):
-        every.batch(b)
-        passes.batch(b)
-        assert passes.seen() == every.seen(), f"after batch {b}"
+    # Batch 12 passes by keeping, and dies after its transaction, its attributions written,
+    # its windows not: re-executed as its next run's first batch, it passes by recomputing
+    # (its attributions MERGE skipped by Delta's txn ids: the dead one's stands).
+    every.batch(12)
+    with monkeypatch.context() as m:
+
+        def killed(*_: object, **__: object) -> None:
+            raise RuntimeError("killed")
+
+        m.setattr(GoldUpdate, "_write_kept_minutes", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            passes.batch(12)
+    assert passes.seen() == every.seen(), "the dead batch's transaction"
+    assert passes.table(t.ATTRIBUTIONS) == every.table(t.ATTRIBUTIONS)
+    assert passes.table() != every.table()
+    passes.restart()
+    passes.batch(12, written=False)
+    assert passes.seen() == every.seen() and passes.gold() == every.gold()
+    every.batch(13)
+    passes.batch(13)
+    assert passes.seen() == every.seen(), "after batch 13"
     assert passes.seen()[key(12, "a1")]["conversions"] == 1
     passes.restart()
     every.batch(14)
@@ -591,7 +620,8 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
         assert passes.gold() == every.gold(), f"after batch {b}"
     every.stop()
     passes.stop()
-    assert passes.passed[-6:] == [9, 12, 14, 15, 18, 19], passes.passed
+    assert passes.passed[-7:] == [9, 12, 12, 14, 15, 18, 19], passes.passed
+    assert passes.kept == [3, 6, 12, 15] and every.kept == []
     assert passes.gold() == every.gold()
     published = {k for k in passes.seen() if k.startswith(t.GOLD_1M)}
     assert len(published) == len(passes.table())

@@ -1,4 +1,4 @@
-"""The attribution rows kept between passes (``pipelines.pending_attributions``): kept as JSON
+"""The attribution rows kept between passes (``pipelines.pending_rows``): kept as JSON
 on the driver, they come back as the rows they were, to the microsecond and the last decimal."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import tables as t
-from pipelines.pending_attributions import PendingAttributions, portable_json
+from pipelines.pending_rows import PendingRows, portable_json
 
 T0 = datetime(2026, 11, 20, 10, 0)  # the session time zone is UTC
 
@@ -39,11 +39,11 @@ def test_kept_rows_come_back_as_they_were_and_a_later_row_replaces_an_earlier_on
     def kept(*values: tuple) -> list[tuple[str, int, str]]:
         frame = spark.createDataFrame(list(values), t.schema(t.ATTRIBUTIONS))
         found = frame.select(
-            "conversion_id", F.expr("unix_millis(conversion_time)"), portable_json()
+            "conversion_id", F.expr("unix_millis(conversion_time)"), portable_json(t.ATTRIBUTIONS)
         ).collect()
         return [(r[0], int(r[1]), r[2]) for r in found]
 
-    pending = PendingAttributions()
+    pending = PendingRows(t.ATTRIBUTIONS)
     assert not pending
     first = [row("c1", 5, 123_456, "k1", 1), row("c2", 9, 999_999, None, 1)]
     pending.add(kept(*first))
