@@ -189,6 +189,17 @@ class GoldUpdate:
         other.spark = spark
         return other
 
+    def detached(self, spark: SparkSession) -> GoldUpdate:
+        """The same update for writes made after the batch (``pipelines.pass_beside``), through
+        ``spark``, with counts, timings and table versions of its own (the batch's ledger row
+        may be written first)."""
+        other = self.on(spark)
+        other.tables = copy.copy(self.tables)
+        other.tables.versions = {}
+        other.timer = StepTimer()
+        other.counts = {}
+        return other
+
     def since(self, w_prev: int) -> GoldUpdate:
         """The same update, finalising what the watermark passed since ``w_prev``."""
         other = copy.copy(self)

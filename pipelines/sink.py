@@ -59,6 +59,7 @@ from pipelines.hourly_pass import HourlyPasses, union
 from pipelines.ledger import write_ledger
 from pipelines.left_windows import LeftWindows
 from pipelines.offset_log import BatchMeta, latest_watermark, read_batch_meta
+from pipelines.pass_beside import PassBeside
 from pipelines.publish import Publisher
 from pipelines.published_rows import changed_records, rows_of
 from pipelines.record_writes import (
@@ -164,6 +165,10 @@ class AttributionSink:
         # watermark from zero) classifies the lateness of records no generation read under it
         # too, so no final window takes a new event (``pipelines.transforms.late_before``).
         self.settled_ms = NEVER if settled is None else settled
+        # A keeping pass's writes, beside the next batch (pipelines/pass_beside.py), in a
+        # session of their own.
+        self.beside = PassBeside()
+        self.pass_session = spark.newSession()
         self.hourly = HourlyPasses(
             ctx.hourly_every,
             union(high_water.minutes_behind, high_water.hours_behind),
@@ -296,6 +301,9 @@ class AttributionSink:
                 self.timer.tables["compaction"] = sum(compacted.values())
                 self.timer.mark("compaction")
 
+        if self.beside.batch_id is not None:  # the pass the batch before left in flight
+            self.beside.join()
+            self.timer.mark("hourly")  # how long it held this batch up
         crash_point(self.ctx.crash_at, "between_delta_commits")
         # Everything below is derived from silver. A watermark that moved finalises rows (and
         # closes sessions) even in a batch without new events.
@@ -380,18 +388,21 @@ class AttributionSink:
         kafka_outcome = self.kafka_outcome = self._publish(
             batch_id, from_tables if wrote_gold else (), [r for rs in given.values() for r in rs]
         )
-        if hourly is not None and (hourly.kept or span is not None):
-            # The pass's writes after the transaction, which they would delay by ~3-5 s (the
-            # batch published what they write, and the hourly table is published to no one),
-            # before the ledger row that completes the batch: a pass that keeps writes the
-            # rows kept since the last pass, then the hours; a data batch's other pass the
-            # hours.
+        if hourly is not None and hourly.kept:
+            # A pass that keeps published what it writes: its writes run beside the next batch
+            # (pipelines/pass_beside.py), which waits for them before its own gold writes.
             self._guard()
-            described(
-                self.spark,
-                "hourly",
-                gold_update.pass_kept if hourly.kept else lambda: gold_update.pass_hours(span),
-            )()
+            beside = gold_update.detached(self.pass_session)
+            self.beside.start(
+                batch_id,
+                described(self.pass_session, "hourly", partial(self._pass_kept, beside)),
+                landed=partial(self._landed, batch_id, beside),
+            )
+        elif span is not None and hourly is not None:
+            # A data batch's other pass: its hours after its transaction, which they would
+            # delay by ~2 s (the table is published to no one), before its ledger row.
+            self._guard()
+            described(self.spark, "hourly", lambda: gold_update.pass_hours(span))()
             self.timer.mark("hourly")
         crash_point(self.ctx.crash_at, "after_kafka_before_ledger")
         self.last_counts = " ".join(f"{k}={v:,}" for k, v in sorted(counts.items()))
@@ -416,7 +427,8 @@ class AttributionSink:
         self.timer.mark("ledger")
         crash_point(self.ctx.crash_at, "after_ledger_before_commit_log")
         # The minutes a later pass recomputes: the batch's events' and its re-attributed
-        # conversions'.
+        # conversions'. The windows re-attributions left stay until the pass over them lands.
+        since_batch = self.hourly.since_batch
         self.hourly.done(
             batch_id,
             meta.watermark_ms,
@@ -425,13 +437,31 @@ class AttributionSink:
             gold_update.pending,
             gold_update.minutes,
         )
-        self.left_windows.forget_before(min(batch_id, self.hourly.since_batch))
+        if self.beside.batch_id != batch_id:
+            self.left_windows.forget_before(min(batch_id, self.hourly.since_batch))
+        else:
+            self.left_windows.forget_before(min(batch_id, since_batch))
+
+    def _pass_kept(self, update: GoldUpdate) -> None:
+        self._guard()
+        update.pass_kept()
+
+    def _landed(self, batch_id: int, update: GoldUpdate) -> None:
+        """Batch ``batch_id``'s pass, run beside the next batch, has landed."""
+        self.left_windows.forget_before(min(batch_id + 1, self.hourly.since_batch))
+        log.info(
+            "pass of batch %d, beside the next: %s | %s",
+            batch_id,
+            update.counts,
+            update.timer.describe(),
+        )
 
     def finish(self) -> None:
         """Once the query has stopped between batches: the hourly pass the batches since the
         last one owe (``pipelines.hourly_pass``), as the last batch would have made it, with
         its id and watermark (and its Delta txn ids: a MERGE the last batch made itself is not
         made twice)."""
+        self.beside.join()
         owed = self.hourly.at_stop()
         if owed is None:
             return
