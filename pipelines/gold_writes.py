@@ -5,8 +5,9 @@ bounded slices of silver; in a batch without accepted events, finalised by an UP
 condition makes it idempotent). Rows are set, never added to, so a re-executed or replayed
 batch writes the same rows. The sliding hours, and the attributions and 1-minute windows as
 tables, are written by the batches that make a pass (``pipelines.hourly_pass``): the attribution
-rows kept since the last one (``pipelines.pending_rows``), every minute changed since
-then; a batch between passes publishes the attribution rows and 1-minute windows it computed.
+rows and 1-minute windows kept since the last one (``pipelines.pending_rows``), or every minute
+changed since then recomputed; a batch between passes publishes the attribution rows and 1-minute
+windows it computed.
 
 Every row ending at or before the previous batch's watermark is final already (the batch that
 moved the watermark past it wrote it final or finalised it), so a batch reads and rewrites only
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -214,12 +216,14 @@ class GoldUpdate:
 
         Every batch computes the attribution rows a MERGE would set and keeps them with those
         of the batches since the last pass (``pending``), which every read of the table sees.
-        A batch that makes a pass (``hourly``) MERGEs them all, then the 1-minute windows of
-        its events and of every batch since the last pass, and finalises what the watermark
-        passed since then. (Two MERGEs at once, from sources that anticipate each other's
-        results, took longer here: on two cores their jobs only queue behind each other.) One
-        that leaves the tables to a later pass publishes the attribution rows and the windows
-        of its own events and of its watermark's move from what it computed (``records``).
+        A batch that makes a pass that recomputes (``hourly``, not ``kept``) MERGEs them all,
+        then the 1-minute windows of its events and of every batch since the last pass, and
+        finalises what the watermark passed since then. (Two MERGEs at once, from sources that
+        anticipate each other's results, took longer here: on two cores their jobs only queue
+        behind each other.) One that leaves the tables to a later pass, or makes a pass that
+        keeps, publishes the attribution rows and the windows of its own events and of its
+        watermark's move from what it computed (``records``) and keeps them (``pending``,
+        ``minutes``; a pass that keeps writes them after the transaction: ``pass_kept``).
         Such a batch is never a run's first, so never a re-execution (a run's first batch
         passes).
 
@@ -293,22 +297,27 @@ class GoldUpdate:
             writes.append(lambda: two.pass_hours(None))
         run_concurrently(writes, together=at_once)
 
-    def pass_kept(self) -> None:
-        """A pass that keeps (``HourlyPass.kept``), after the batch's Kafka transaction and
-        before its ledger row: the attribution rows and the 1-minute windows kept since the
-        last pass (the batch's own among them), each by one keyed MERGE with the batch's Delta
-        txn ids, then the hours holding a minute changed since then, from the 1-minute table.
+    def pass_kept(self, guard: Callable[[], None] = lambda: None) -> None:
+        """A pass that keeps (``HourlyPass.kept``), after the batch's Kafka transaction, beside
+        the next batch (``pipelines.pass_beside``): the attribution rows and the 1-minute
+        windows kept since the last pass (the batch's own among them), each by one keyed MERGE
+        with the batch's Delta txn ids, then the hours holding a minute changed since then,
+        from the 1-minute table; ``guard`` before each (the checkpoint's lease).
 
         The windows kept are every one a batch since the last pass changed or finalised: each
         batch published (and kept) the windows of its events and re-attributed conversions and
         those its watermark passed (``_publish_minutes``), so the MERGE of the latest row per
         window leaves the table as a MERGE in every batch would have, stamps included. A crash
-        before the ledger row re-executes the batch as its next run's first, which passes by
-        recomputing (what it finds committed under this batch's txn ids stands)."""
+        that re-executes the batch (before Spark's commit log) makes it its next run's first,
+        which passes by recomputing (what it finds committed under this batch's txn ids
+        stands); a later one leaves the tables to that batch as a crash between passes does."""
         plan = self.hourly
         assert plan is not None and plan.kept, "a pass that keeps"
+        guard()
         self._write_pending()
+        guard()
         self._write_kept_minutes()
+        guard()
         self.pass_hours(self.changed_minutes)
 
     def pass_stop(self) -> None:
@@ -437,11 +446,12 @@ class GoldUpdate:
         span: tuple[int, int] | None,
         candidates: DataFrame | None = None,
     ) -> list[Row]:
-        """For a batch that leaves the 1-minute table to a later pass: the windows of its
-        events' ``span`` (None: none) and the windows its watermark passed, with ``is_final``
-        and the batch's stamp, as the records that publish them: the rows its MERGE would have
-        set, so the records a MERGE's rows read back would have been (the pass writes the same
-        values: each is recomputed from silver and the attributions, never added to).
+        """For a batch that leaves the 1-minute table to a later pass (or makes a pass that
+        keeps): the windows of its events' ``span`` (None: none) and the windows its watermark
+        passed, with ``is_final`` and the batch's stamp, as the records that publish them: the
+        rows its MERGE would have set, so the records a MERGE's rows read back would have been
+        (each recomputed from silver and the attributions, never added to); kept for the pass,
+        which writes them (``minutes``), or writes the same values recomputed (a run's first).
         ``candidates``: the windows the batch's re-attributed conversions were counted in
         before (``_left_windows``).
 

@@ -11,13 +11,17 @@ between passes publishes them from the windows it computed, not from the table
 change at once and only the table waits. The attributions likewise: a batch between passes
 publishes the rows it computed and keeps them for the pass (``pipelines.pending_rows``:
 why that is exact, and what a run's first pass re-attributes after a crash). A pass writes the
-attribution rows kept since the last pass, then recomputes every minute that a batch since the
-last pass changed, from silver and the attributions as they are then, then every hour holding
-one, from the 1-minute table, and finalises every row whose end the watermark passed since
-then: the rows a MERGE in each of those batches would have left, because each row is set from
-what it sums, never added to. So which batch passes changes when the tables are up to date,
-never what they hold once they are; the two MERGEs cost a data batch ~3-4 s (README
-"Performance"), and a pass of ``every`` batches costs about as much.
+attribution rows kept since the last pass, then the 1-minute windows: those the batches since
+the last pass published, kept too (a pass that keeps, ``HourlyPass.kept``, the usual one), or
+every minute that a batch since the last pass changed recomputed from silver and the
+attributions as they are then (a run's first pass, and one under a final end); then every hour
+holding a changed minute, from the 1-minute table, and it finalises every row whose end the
+watermark passed since then: the rows a MERGE in each of those batches would have left,
+because each row is set from what it sums, never added to. So which batch passes changes when
+the tables are up to date, never what they hold once they are; the two MERGEs cost a data
+batch ~3-4 s (README "Performance"), and a pass of ``every`` batches costs about as much. A
+pass that keeps writes after its batch's Kafka transaction, beside the next batch
+(``pipelines.pass_beside``).
 
 What a pass covers. A batch changes only minutes of its accepted events (a re-attributed
 conversion changes the minute of its conversion, a pending one's, later than the watermark too),
@@ -79,8 +83,9 @@ def hull(a: Span, b: Span | None) -> Span:
 
 @dataclass(frozen=True)
 class HourlyPass:
-    """What one pass does: write the attribution rows kept since the last pass, recompute the
-    minutes of ``pending`` and the hours holding one (event-time span, epoch ms; None: no
+    """What one pass does: write the attribution rows kept since the last pass, write the
+    1-minute windows kept since then (``kept``) or recompute the minutes of ``pending``, and
+    recompute the hours holding one of ``pending`` (event-time span, epoch ms; None: no
     minute changed since the last pass) and finalise the rows ending after ``since_ms`` (the
     watermark of the last pass; 0: every row not final yet) up to the batch's watermark (a
     run's first: up to ``settled_ms`` if later)."""

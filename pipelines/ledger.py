@@ -1,5 +1,6 @@
 """The per-batch ledger row, written last: a row for (app id, batch id) means the batch is
-complete in every table and its Kafka transaction (if any) is committed.
+complete in every table (but the three the passes write, ``pipelines.hourly_pass``, which a crash
+leaves to the next run's first batch) and its Kafka transaction (if any) is committed.
 
 It records what the batch read (offset ranges per partition), what became of it (counts per
 outcome, which add up to ``read``, plus derived counts), the table versions that hold it, the

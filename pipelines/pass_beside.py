@@ -19,9 +19,12 @@ are forgotten only once the pass that covers them has landed, as the candidates 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
+
+log = logging.getLogger("adattr.sink")
 
 
 class PassBeside:
@@ -42,6 +45,7 @@ class PassBeside:
             try:
                 write()
             except BaseException as e:  # raised again in the batch that joins
+                log.error("the pass of batch %d failed: %s", batch_id, e)
                 self._error = e
 
         self.batch_id, self._landed, self._error = batch_id, landed, None
@@ -65,3 +69,12 @@ class PassBeside:
         assert landed is not None
         landed()
         return waited
+
+    def settle(self) -> None:
+        """Waits for the pass in flight, if any, whatever it ends in (a query that failed or
+        was stopped without its stop's pass: its next run's first batch makes what it owed, and
+        nothing it writes may still be running then); a failure is logged, not raised."""
+        try:
+            self.join()
+        except RuntimeError as exc:
+            log.warning("%s; the next run's first batch passes over it", exc)

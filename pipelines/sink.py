@@ -26,7 +26,9 @@ publishes the attribution rows and 1-minute windows it computed, the values the 
 writes.
 
 The writes run in a fixed order (bronze, quarantine, late, silver, gold, ledger) and the ledger
-row is last, so "a ledger row exists" means "the batch is complete in every table". Everything a
+row is last, so "a ledger row exists" means "the batch is complete in every table" but the three
+the passes write, which a crash between passes (or with a pass in flight beside the next batch,
+``pipelines.pass_beside``) leaves to the next run's first batch. Everything a
 batch decides (the watermark, the dimension version) comes from Spark's offset log entry for the
 batch, so a re-execution decides the same; so does a replay's lateness floor, the latest watermark
 in any generation's offset log (``pipelines.transforms.late_before``), which the batch's own
@@ -426,7 +428,7 @@ class AttributionSink:
         )
         self.timer.mark("ledger")
         crash_point(self.ctx.crash_at, "after_ledger_before_commit_log")
-        # The minutes a later pass recomputes: the batch's events' and its re-attributed
+        # The minutes a later pass covers: the batch's events' and its re-attributed
         # conversions'. The windows re-attributions left stay until the pass over them lands.
         since_batch = self.hourly.since_batch
         self.hourly.done(
@@ -443,8 +445,12 @@ class AttributionSink:
             self.left_windows.forget_before(min(batch_id, since_batch))
 
     def _pass_kept(self, update: GoldUpdate) -> None:
-        self._guard()
-        update.pass_kept()
+        update.pass_kept(self._guard)
+
+    def abandon(self) -> None:
+        """The query stopped without ``finish`` (it failed, or a test stopped it crash-like):
+        the pass in flight, if any, lands or fails before anything else writes the tables."""
+        self.beside.settle()
 
     def _landed(self, batch_id: int, update: GoldUpdate) -> None:
         """Batch ``batch_id``'s pass, run beside the next batch, has landed."""

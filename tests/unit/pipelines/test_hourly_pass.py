@@ -456,7 +456,9 @@ def test_batches_between_passes_publish_the_windows_a_merge_in_every_batch_publi
                 self.kept.append(b)
                 update.pass_kept()
             self.passes.done(b, ms(w), update.changed_minutes, plan, update.pending, update.minutes)
-            self.left.forget_before(min(b, self.passes.since_batch))  # as the sink does
+            # as the sink does (which, running a keeping pass beside the next batch, forgets
+            # the windows it covers once it has landed: here it has)
+            self.left.forget_before(min(b, self.passes.since_batch))
 
         def consume(self, records: list[Row]) -> None:
             for r in records:
