@@ -398,37 +398,45 @@ class GoldUpdate:
         """A pass: one keyed MERGE of the attribution rows kept since the last pass (each with
         the stamp of the batch that set it), with the batch's Delta txn ids; a final row stays
         as it is. Nothing when none are kept."""
-        if not self.pending:
-            return
-        self._run(
-            Merge(
-                t.ATTRIBUTIONS,
-                self.pending.frame(self.spark),
-                keys=("conversion_id",),
-                time_column="conversion_time",
-                update=None,  # every column; a final attribution stays as it is
-                update_condition="NOT t.is_final",
-                bounds=self.pending.bounds_ms(),
-            )
+        self._write_kept(
+            self.pending,
+            ("conversion_id",),
+            "conversion_time",
+            update=None,  # every column; a final attribution stays as it is
+            update_condition="NOT t.is_final",
         )
 
     def _write_kept_minutes(self) -> None:
         """A pass that keeps: one keyed MERGE of the 1-minute windows kept since the last pass
         (each with the stamp of the batch that published it), with the batch's Delta txn ids;
         a final row stays final. Nothing when none are kept."""
-        if not self.minutes:
+        self._write_kept(
+            self.minutes, _MINUTE_KEYS, "window_start", update=_update_keeping_final(t.GOLD_1M)
+        )
+
+    def _write_kept(
+        self,
+        kept: PendingRows,
+        keys: tuple[str, ...],
+        time_column: str,
+        *,
+        update: dict[str, str | Column] | None,
+        update_condition: str | None = None,
+    ) -> None:
+        if not kept:
             return
         self._run(
             Merge(
-                t.GOLD_1M,
-                self.minutes.frame(self.spark),
-                keys=_MINUTE_KEYS,
-                time_column="window_start",
-                update=_update_keeping_final(t.GOLD_1M),
-                bounds=self.minutes.bounds_ms(),
+                kept.name,
+                kept.frame(self.spark),
+                keys=keys,
+                time_column=time_column,
+                update=update,
+                update_condition=update_condition,
+                bounds=kept.bounds_ms(),
             )
         )
-        self.counts[f"{t.GOLD_1M}_kept_rows"] = len(self.minutes)
+        self.counts[f"{kept.name}_kept_rows"] = len(kept)
 
     def _attributions_table(self, where: Column) -> DataFrame:
         """The attributions (of conversion times where ``where`` holds) as the MERGE of the rows

@@ -59,10 +59,11 @@ def test_quick_bench_reports_every_variant(kafka_bootstrap: str, tmp_path: Path)
     assert len(fixed["data_batches_s"]) >= 2 and fixed["empty_batches_s"], fixed
     # ... measured in the latency worker's process, after its run: no process of its own.
     assert not (results[0].parent / "fixed.log").exists()
-    # A data batch publishes: its time to find and pull the changed rows, apart from the
-    # Kafka transaction around them.
-    assert fixed["data_split_s"]["changed_rows"] > 0 and fixed["data_split_s"]["kafka"] > 0, fixed
-    assert summary["split"]["B3"]["changed rows to the driver"] > 0, summary["split"]
+    # A data batch publishes: the Kafka transaction, and apart from it the time to find and
+    # pull changed rows from the tables (a split of its own; nothing to pull, 0 s, but in a
+    # pass that recomputes, a run's first batch: the others publish the rows they computed).
+    assert "changed_rows" in fixed["data_split_s"] and fixed["data_split_s"]["kafka"] > 0, fixed
+    assert "changed rows to the driver" in summary["split"]["B3"], summary["split"]
     # Delta's own split of the counted batches' gold MERGEs; Delta copies each one's source
     # first (an aggregate or a join is not a source it reads twice uncopied: README). A data
     # batch between passes publishes the 1-minute windows it computed; both tables are MERGEd
