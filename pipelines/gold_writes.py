@@ -97,7 +97,8 @@ class Merge:
 
 class GoldUpdate:
     """The gold MERGEs of one batch, whose watermark moved from ``w_prev`` to ``watermark_ms``;
-    row counts go to ``counts`` (the ledger), durations to ``timer``. ``sessions``: two Spark
+    row counts go to ``counts`` (the ledger; a ``detached`` update's, the pass's log line),
+    durations to ``timer``. ``sessions``: two Spark
     sessions besides the tables' own, for the writes that run at the same time as others (the
     finalising writes of a batch of none that passes): each takes its commit's note from its
     session's confs, as a MERGE its Delta txn ids, so in one shared session the first to finish
@@ -320,7 +321,7 @@ class GoldUpdate:
         guard()
         self.pass_hours(self.changed_minutes)
 
-    def pass_stop(self) -> None:
+    def pass_stop(self, guard: Callable[[], None] = lambda: None) -> None:
         """The pass owed at the stop (``hourly``): the attribution rows kept since the last
         pass, then the 1-minute windows changed since then (their values and finality
         published already, by the batches that changed them: the windows kept, or recomputed
@@ -328,7 +329,7 @@ class GoldUpdate:
         plan = self.hourly
         assert plan is not None, "a pass to make"
         if plan.kept:
-            self.pass_kept()
+            self.pass_kept(guard)
             return
         self._write_pending()
         at = self.since(plan.since_ms)

@@ -232,6 +232,7 @@ def start(
 ) -> StreamingQuery:
     """Starts the query; ``guard`` (the lease's check) runs before each batch writes anything
     and again before its Kafka transaction, and raises to stop the job."""
+    _settle_stopped()
     warehouse = settings.warehouse_uri
     dims = DimSnapshots(spark, warehouse)
     dims.require()  # fail early if dim_ads is missing
@@ -300,18 +301,29 @@ def start(
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime=settings.trigger_interval)
-    # A sink of this process whose query stopped without ``finish`` (the tests' crash-like
-    # stops) may still have a pass in flight: it lands before this query writes anything.
-    for earlier in _sinks.values():
-        earlier.abandon()
     query = writer.start()
     _sinks[query.id] = sink
+    _queries[query.id] = query
     return query
 
 
 # The sink of each query this process started, until ``finish`` (a query stopped without it
 # keeps its sink here; the tests' crash-like stops do).
 _sinks: dict[str, AttributionSink] = {}
+_queries: dict[str, StreamingQuery] = {}
+
+
+def _settle_stopped() -> None:
+    """A sink of this process whose query stopped without ``finish`` (a failure outside the
+    run loop, the tests' crash-like stops) may still have a pass in flight
+    (``pipelines.pass_beside``): it lands, or fails, before a new query reads the tables' high
+    water or writes anything. Sinks of queries still running are theirs to join."""
+    for query_id, sink in list(_sinks.items()):
+        query = _queries.get(query_id)
+        if query is None or not query.isActive:
+            del _sinks[query_id]
+            _queries.pop(query_id, None)
+            sink.abandon()
 
 
 def finish(query: StreamingQuery) -> None:
@@ -319,9 +331,11 @@ def finish(query: StreamingQuery) -> None:
     writes its batches left to the stop (the sliding hours' pass, ``pipelines.hourly_pass``).
     Nothing after a failed query but waiting for a pass in flight (``pipelines.pass_beside``),
     under the checkpoint's lease still: its next run's first batch makes what is owed."""
-    sink = _sinks.pop(query.id, None)
+    sink = _sinks.get(query.id)
     if sink is None or query.isActive:
         return
+    del _sinks[query.id]
+    _queries.pop(query.id, None)
     if query.exception() is not None:
         sink.abandon()
         return

@@ -24,6 +24,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from pipelines.lease import LeaseLost
+
 log = logging.getLogger("adattr.sink")
 
 
@@ -64,8 +66,11 @@ class PassBeside:
         waited = time.monotonic() - started
         batch_id, landed, error = self.batch_id, self._landed, self._error
         self._thread, self._landed, self._error, self.batch_id = None, None, None, None
+        if isinstance(error, LeaseLost):  # another job took the checkpoint over: say that
+            raise error
         if error is not None:
-            raise RuntimeError(f"the pass of batch {batch_id} failed") from error
+            first = next(iter(str(error).splitlines()), type(error).__name__)
+            raise RuntimeError(f"the pass of batch {batch_id} failed: {first}") from error
         assert landed is not None
         landed()
         return waited
@@ -76,5 +81,5 @@ class PassBeside:
         nothing it writes may still be running then); a failure is logged, not raised."""
         try:
             self.join()
-        except RuntimeError as exc:
+        except Exception as exc:
             log.warning("%s; the next run's first batch passes over it", exc)

@@ -26,7 +26,8 @@ publishes the attribution rows and 1-minute windows it computed, the values the 
 writes.
 
 The writes run in a fixed order (bronze, quarantine, late, silver, gold, ledger) and the ledger
-row is last, so "a ledger row exists" means "the batch is complete in every table" but the three
+row is the batch's last (but for a pass that keeps, whose writes may land after it, beside the
+next batch), so "a ledger row exists" means "the batch is complete in every table" but the three
 the passes write, which a crash between passes (or with a pass in flight beside the next batch,
 ``pipelines.pass_beside``) leaves to the next run's first batch. Everything a
 batch decides (the watermark, the dimension version) comes from Spark's offset log entry for the
@@ -486,7 +487,7 @@ class AttributionSink:
             hourly=plan,
             pending=self.hourly.attributions,
             minutes=self.hourly.minutes,
-        ).pass_stop()
+        ).pass_stop(self._guard)
         self.hourly.done(batch_id, watermark_ms, None, plan)
         self.left_windows.forget_before(batch_id + 1)
         log.info("hourly pass after batch %d: %s | %s", batch_id, counts, self.timer.describe())

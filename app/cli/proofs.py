@@ -155,7 +155,7 @@ def add_commands(sub: Subcommands, add: Add) -> None:
         "throughput (B0 read, B2 at-least-once, B3 exactly-once), latency, memory; JSON + PNG",
     )
     bench_cmd.add_argument(
-        "--quick", action="store_true", help="4,000 events, 1 repeat, 10 s of latency (CI)"
+        "--quick", action="store_true", help="4,000 events, 1 repeat, 15 s of latency (CI)"
     )
     bench_cmd.add_argument("--events", type=int, help="records preloaded (default 200,000)")
     bench_cmd.add_argument("--repeats", type=int, help="runs of each variant (default 3)")

@@ -866,7 +866,7 @@ def bench(
         results = _throughput(s, n, reps, batch)
         b3 = statistics.median(r["events_per_s"] for r in results["B3"])
         rate = round(b3 * 0.5)
-        seconds = 10.0 if quick else 90.0
+        seconds = 15.0 if quick else 90.0
         print(
             f"bench: latency at {rate:,} events/s (50% of B3) for {seconds:.0f}s, 1 s trigger, "
             f"then the fixed cost in the same JVM, {rounds} rounds of {FIXED_SIZE:,} records "

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from pipelines.lease import LeaseLost
 from pipelines.pass_beside import PassBeside
 
 
@@ -41,9 +42,19 @@ def test_a_failed_pass_fails_the_batch_that_joins_and_never_lands(
         raise ValueError("MERGE conflict")
 
     beside.start(5, fails, landed=lambda: landed.append(5))
-    with pytest.raises(RuntimeError, match="the pass of batch 5 failed") as raised:
+    with pytest.raises(RuntimeError, match="the pass of batch 5 failed: MERGE conflict") as raised:
         beside.join()
     assert isinstance(raised.value.__cause__, ValueError) and not landed
+    # A lost lease is said as it is: another job took the checkpoint over.
+    lost = LeaseLost("the checkpoint's lease was taken over")
+
+    def loses() -> None:
+        raise lost
+
+    beside.start(4, loses, landed=lambda: landed.append(4))
+    with pytest.raises(LeaseLost) as raised_lost:
+        beside.join()
+    assert raised_lost.value is lost and not landed
     # A query that failed or stopped without its stop's pass only waits: the failure is logged.
     beside.start(6, fails, landed=lambda: landed.append(6))
     with caplog.at_level(logging.WARNING, logger="adattr.sink"):
